@@ -1,0 +1,1 @@
+//! Gaudi memory domain over hl-thunk loaded at run time (issue: Gaudi). Not built yet.

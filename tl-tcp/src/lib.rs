@@ -1,0 +1,1 @@
+//! TCP transport (issue: transports that work everywhere). Not built yet.

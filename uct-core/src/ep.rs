@@ -1,0 +1,151 @@
+//! The endpoint: a connection to one peer iface or endpoint.
+
+use crate::completion::{Completion, Status};
+use crate::error::Result;
+use crate::memory::Iov;
+use crate::rkey::RemoteKey;
+
+/// Atomic operand width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicValue {
+    U32(u32),
+    U64(u64),
+}
+
+impl AtomicValue {
+    pub fn width(self) -> usize {
+        match self {
+            AtomicValue::U32(_) => 4,
+            AtomicValue::U64(_) => 8,
+        }
+    }
+    pub fn as_u64(self) -> u64 {
+        match self {
+            AtomicValue::U32(v) => v as u64,
+            AtomicValue::U64(v) => v,
+        }
+    }
+}
+
+/// A fetching atomic operation; the old value is returned through the
+/// completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FetchOp {
+    /// Add `value`, return the old value.
+    Add(AtomicValue),
+    /// Store `value`, return the old value.
+    Swap(AtomicValue),
+    /// If the target equals `compare`, store `swap`; return the old value.
+    CompareSwap {
+        compare: AtomicValue,
+        swap: AtomicValue,
+    },
+}
+
+impl FetchOp {
+    pub fn width(self) -> usize {
+        match self {
+            FetchOp::Add(v) | FetchOp::Swap(v) => v.width(),
+            FetchOp::CompareSwap { compare, .. } => compare.width(),
+        }
+    }
+}
+
+/// A connection. Every operation is non-blocking: see [`Status`].
+///
+/// `remote_addr` is the peer's address inside the region the rkey names
+/// (a CPU address for host memory, a device VA for device memory).
+pub trait Endpoint: Send {
+    /// Writes `data` (at most `attrs().put.max_short` bytes) to the peer.
+    fn put_short(&mut self, data: &[u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status>;
+
+    /// Writes `data` through a bounce buffer; `data` may be reused when this
+    /// returns. Returns Done or NoResource, never InProgress with a buffer
+    /// still borrowed.
+    fn put_bcopy(&mut self, data: &[u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status>;
+
+    /// Writes the iov list without copying.
+    fn put_zcopy(
+        &mut self,
+        iov: &[Iov<'_>],
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        comp: Option<&Completion>,
+    ) -> Result<Status>;
+
+    /// Reads `buf.len()` bytes at once; only where GET_SHORT is advertised.
+    fn get_short(&mut self, buf: &mut [u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status>;
+
+    /// Reads `len` bytes; they are delivered in `comp` as
+    /// [`CompletionData::Bytes`](crate::CompletionData::Bytes).
+    fn get_bcopy(
+        &mut self,
+        len: usize,
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        comp: &Completion,
+    ) -> Result<Status>;
+
+    /// Reads into the iov list without copying.
+    fn get_zcopy(
+        &mut self,
+        iov: &[Iov<'_>],
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        comp: Option<&Completion>,
+    ) -> Result<Status>;
+
+    /// Sends an active message of an 8-byte header and a short payload.
+    fn am_short(&mut self, id: u8, header: u64, payload: &[u8]) -> Result<Status>;
+
+    /// Sends an active message through a bounce buffer.
+    fn am_bcopy(&mut self, id: u8, data: &[u8]) -> Result<Status>;
+
+    /// Sends `header` followed by the iov list without copying the iov.
+    fn am_zcopy(
+        &mut self,
+        id: u8,
+        header: &[u8],
+        iov: &[Iov<'_>],
+        comp: Option<&Completion>,
+    ) -> Result<Status>;
+
+    /// Adds `value` to the remote word, without returning the old value.
+    fn atomic_add(
+        &mut self,
+        value: AtomicValue,
+        remote_addr: u64,
+        rkey: &RemoteKey,
+    ) -> Result<Status>;
+
+    /// A fetching atomic; the old value arrives in `comp`
+    /// ([`Completion::value`]).
+    fn atomic_fetch(
+        &mut self,
+        op: FetchOp,
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        comp: &Completion,
+    ) -> Result<Status>;
+
+    /// Completes every operation posted so far, remotely.
+    fn flush(&mut self, comp: Option<&Completion>) -> Result<Status>;
+
+    /// Orders operations posted after the fence after those before it.
+    fn fence(&mut self) -> Result<Status>;
+
+    /// This endpoint's address, for CONNECT_TO_EP transports.
+    fn ep_address(&self) -> Result<Vec<u8>> {
+        Err(crate::UctError::InvalidParam(
+            "this transport connects to ifaces, not endpoints".into(),
+        ))
+    }
+
+    /// Connects to a peer endpoint (CONNECT_TO_EP transports).
+    fn connect_to_ep(&mut self, device_addr: &[u8], ep_addr: &[u8]) -> Result<()> {
+        let _ = (device_addr, ep_addr);
+        Err(crate::UctError::InvalidParam(
+            "this transport connects to ifaces, not endpoints".into(),
+        ))
+    }
+}

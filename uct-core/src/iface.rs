@@ -1,0 +1,165 @@
+//! The transport interface: one transport on one device.
+
+use std::sync::Arc;
+
+use crate::ep::Endpoint;
+use crate::error::Result;
+use crate::md::MemoryDomain;
+use crate::memory::MemoryType;
+
+bitflags::bitflags! {
+    /// What an iface can do.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Caps: u64 {
+        const PUT_SHORT = 1 << 0;
+        const PUT_BCOPY = 1 << 1;
+        const PUT_ZCOPY = 1 << 2;
+        const GET_SHORT = 1 << 3;
+        const GET_BCOPY = 1 << 4;
+        const GET_ZCOPY = 1 << 5;
+        const AM_SHORT = 1 << 6;
+        const AM_BCOPY = 1 << 7;
+        const AM_ZCOPY = 1 << 8;
+        const ATOMIC32 = 1 << 9;
+        const ATOMIC64 = 1 << 10;
+        const FLUSH = 1 << 11;
+        const FENCE = 1 << 12;
+        const CONNECT_TO_IFACE = 1 << 13;
+        const CONNECT_TO_EP = 1 << 14;
+        /// Peer failure is reported on the endpoint instead of hanging.
+        const ERRHANDLE_PEER_FAILURE = 1 << 15;
+    }
+}
+
+impl Caps {
+    /// Every put capability.
+    pub const PUT: Caps = Caps::PUT_SHORT
+        .union(Caps::PUT_BCOPY)
+        .union(Caps::PUT_ZCOPY);
+    /// Every get capability.
+    pub const GET: Caps = Caps::GET_SHORT
+        .union(Caps::GET_BCOPY)
+        .union(Caps::GET_ZCOPY);
+    /// Every active-message capability.
+    pub const AM: Caps = Caps::AM_SHORT.union(Caps::AM_BCOPY).union(Caps::AM_ZCOPY);
+}
+
+/// Size limits of one operation class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SizeLimits {
+    pub max_short: usize,
+    pub max_bcopy: usize,
+    pub min_zcopy: usize,
+    pub max_zcopy: usize,
+    /// Most iov entries in one zero-copy operation.
+    pub max_iov: usize,
+}
+
+/// Attributes of an open iface.
+#[derive(Debug, Clone)]
+pub struct IfaceAttrs {
+    pub caps: Caps,
+    pub put: SizeLimits,
+    pub get: SizeLimits,
+    pub am: SizeLimits,
+    /// Largest active-message header in a zero-copy AM.
+    pub max_am_header: usize,
+    /// Memory types the transport can touch.
+    pub mem_types: Vec<MemoryType>,
+    /// Estimated one-way latency in nanoseconds.
+    pub latency_ns: f64,
+    /// Estimated bandwidth in bytes per second.
+    pub bandwidth_bps: f64,
+    /// Overhead of posting one operation in nanoseconds.
+    pub overhead_ns: f64,
+    pub iface_addr_len: usize,
+    pub device_addr_len: usize,
+    pub ep_addr_len: usize,
+}
+
+/// Kind of device a transport runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceType {
+    /// Inside one process.
+    SelfLoop,
+    /// Shared memory between processes on one host.
+    SharedMemory,
+    /// A network interface.
+    Network,
+    /// An accelerator.
+    Accelerator,
+}
+
+impl DeviceType {
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceType::SelfLoop => "self",
+            DeviceType::SharedMemory => "shared memory",
+            DeviceType::Network => "network",
+            DeviceType::Accelerator => "accelerator",
+        }
+    }
+}
+
+/// A transport on a device, as found by its memory domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlResource {
+    pub transport: String,
+    pub device: String,
+    pub device_type: DeviceType,
+    /// PCI address or other system device, where known.
+    pub system_device: Option<String>,
+}
+
+/// How to reach the peer of a new endpoint.
+#[derive(Debug, Clone)]
+pub enum EpParams {
+    /// Connect to a peer iface by its addresses (CONNECT_TO_IFACE).
+    ToIface {
+        device_addr: Vec<u8>,
+        iface_addr: Vec<u8>,
+    },
+    /// Create an endpoint to be connected later to a peer endpoint
+    /// (CONNECT_TO_EP) with [`Endpoint::connect_to_ep`].
+    Unconnected,
+}
+
+/// An incoming active message: its id and bytes. For AM short the bytes are
+/// the 8-byte header (little-endian) followed by the payload.
+#[derive(Debug)]
+pub struct AmMessage<'a> {
+    pub id: u8,
+    pub data: &'a [u8],
+}
+
+/// Active-message handler, called from `progress` of the receiving iface.
+pub type AmHandler = Box<dyn FnMut(AmMessage<'_>) + Send>;
+
+/// Number of active-message ids.
+pub const AM_ID_MAX: usize = 32;
+
+/// Parameters of a new iface.
+#[derive(Debug, Clone, Default)]
+pub struct IfaceParams {
+    /// Bytes of receive buffering, where the transport has any (0: default).
+    pub rx_buffer: usize,
+}
+
+/// One transport on one device. Owned by one thread at a time, which drives
+/// [`progress`](Iface::progress).
+pub trait Iface: Send {
+    fn transport(&self) -> &str;
+    fn device(&self) -> &str;
+    fn attrs(&self) -> &IfaceAttrs;
+    /// The memory domain whose memory this iface moves.
+    fn md(&self) -> &Arc<dyn MemoryDomain>;
+    fn device_address(&self) -> Vec<u8>;
+    fn iface_address(&self) -> Vec<u8>;
+    /// Whether a peer with these addresses can be reached from here.
+    fn is_reachable(&self, device_addr: &[u8], iface_addr: &[u8]) -> bool;
+    fn create_ep(&mut self, params: EpParams) -> Result<Box<dyn Endpoint>>;
+    /// Installs the handler for active messages with `id` (< [`AM_ID_MAX`]).
+    fn set_am_handler(&mut self, id: u8, handler: AmHandler) -> Result<()>;
+    /// Drives receives and completions; returns how many events it handled.
+    fn progress(&mut self) -> usize;
+}

@@ -1,0 +1,283 @@
+//! Memory types, access rights and memory handles.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, UctError};
+
+/// Where memory lives. A transport that cannot touch a type refuses it when
+/// memory is registered or an operation is posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MemoryType {
+    /// Ordinary CPU memory.
+    Host,
+    /// Intel Gaudi HBM; not CPU-accessible.
+    Gaudi,
+    /// CUDA device memory; not CPU-accessible.
+    Cuda,
+    /// A DMA-buf of unknown origin, known only by its fd.
+    DmaBuf,
+}
+
+impl MemoryType {
+    pub const ALL: [MemoryType; 4] = [
+        MemoryType::Host,
+        MemoryType::Gaudi,
+        MemoryType::Cuda,
+        MemoryType::DmaBuf,
+    ];
+
+    /// Lower-case name used on command lines and in output.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryType::Host => "host",
+            MemoryType::Gaudi => "gaudi",
+            MemoryType::Cuda => "cuda",
+            MemoryType::DmaBuf => "dmabuf",
+        }
+    }
+
+    /// Whether the CPU can load and store this memory directly.
+    pub fn is_host_accessible(self) -> bool {
+        matches!(self, MemoryType::Host)
+    }
+
+    /// Parses a name as printed by [`MemoryType::name`].
+    pub fn parse(s: &str) -> Result<Self> {
+        MemoryType::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                UctError::InvalidParam(format!(
+                    "unknown memory type '{s}'; use one of host, gaudi, cuda, dmabuf"
+                ))
+            })
+    }
+}
+
+impl fmt::Display for MemoryType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+bitflags::bitflags! {
+    /// Access rights on a region, for local use and for remote peers.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    pub struct Access: u8 {
+        const LOCAL_READ = 1 << 0;
+        const LOCAL_WRITE = 1 << 1;
+        const REMOTE_READ = 1 << 2;
+        const REMOTE_WRITE = 1 << 3;
+        const REMOTE_ATOMIC = 1 << 4;
+    }
+}
+
+impl Access {
+    /// Every right: what most callers want for a buffer shared with a peer.
+    pub fn all_rights() -> Self {
+        Access::all()
+    }
+
+    /// Read-only for peers, readable and writable locally.
+    pub fn remote_read_only() -> Self {
+        Access::LOCAL_READ | Access::LOCAL_WRITE | Access::REMOTE_READ
+    }
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("no rights");
+        }
+        let names: Vec<&str> = self.iter_names().map(|(n, _)| n).collect::<Vec<_>>();
+        f.write_str(&names.join("|").to_ascii_lowercase())
+    }
+}
+
+/// MD-specific state of a region: keeps its memory alive and carries what the
+/// MD's transports need (keys, secrets, fds). Dropping it deregisters or frees.
+pub trait MemBacking: Send + Sync + 'static {
+    /// For the owning component's transports to reach their own state.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A region of memory known to a memory domain: allocated by it or registered
+/// with it. Held through [`MemHandle`]; operations in flight hold a clone, so
+/// the memory stays valid until every operation on it has completed.
+pub struct MemRegion {
+    addr: u64,
+    len: usize,
+    mem_type: MemoryType,
+    access: Access,
+    md_name: String,
+    backing: Box<dyn MemBacking>,
+}
+
+/// Shared handle to a region.
+pub type MemHandle = Arc<MemRegion>;
+
+impl MemRegion {
+    /// Builds a region. `addr` is the CPU address for host memory and the
+    /// device virtual address for device memory.
+    pub fn new(
+        addr: u64,
+        len: usize,
+        mem_type: MemoryType,
+        access: Access,
+        md_name: impl Into<String>,
+        backing: Box<dyn MemBacking>,
+    ) -> MemHandle {
+        Arc::new(MemRegion {
+            addr,
+            len,
+            mem_type,
+            access,
+            md_name: md_name.into(),
+            backing,
+        })
+    }
+
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn mem_type(&self) -> MemoryType {
+        self.mem_type
+    }
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    pub fn md_name(&self) -> &str {
+        &self.md_name
+    }
+    pub fn backing(&self) -> &dyn MemBacking {
+        self.backing.as_ref()
+    }
+
+    /// Checks that `[offset, offset+len)` lies inside the region.
+    pub fn check_range(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(UctError::LocalOutOfRange {
+                offset,
+                len,
+                handle_len: self.len,
+            }),
+        }
+    }
+
+    fn require_host(&self) -> Result<()> {
+        if self.mem_type.is_host_accessible() {
+            Ok(())
+        } else {
+            Err(UctError::MemoryTypeUnsupported {
+                mem_type: self.mem_type,
+                owner: "the CPU".into(),
+                hint: "stage the data through host memory with a transport that can reach it"
+                    .into(),
+            })
+        }
+    }
+
+    /// Reads bytes of host memory.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.require_host()?;
+        self.check_range(offset, out.len())?;
+        // SAFETY: the region is host memory of `len` bytes kept alive by
+        // `backing`; the range was checked above. Concurrent writers are the
+        // caller's protocol (same contract as RDMA buffers).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (self.addr as usize + offset) as *const u8,
+                out.as_mut_ptr(),
+                out.len(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Writes bytes into host memory.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.require_host()?;
+        self.check_range(offset, data.len())?;
+        // SAFETY: as in `read`; the region is writable host memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                (self.addr as usize + offset) as *mut u8,
+                data.len(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Copies the whole host region into a vector.
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; self.len];
+        self.read(0, &mut v)?;
+        Ok(v)
+    }
+
+    /// Raw pointer to host memory at `offset`, range-checked.
+    pub fn host_ptr(&self, offset: usize, len: usize) -> Result<*mut u8> {
+        self.require_host()?;
+        self.check_range(offset, len)?;
+        Ok((self.addr as usize + offset) as *mut u8)
+    }
+}
+
+impl fmt::Debug for MemRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemRegion")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .field("mem_type", &self.mem_type)
+            .field("access", &self.access)
+            .field("md", &self.md_name)
+            .finish()
+    }
+}
+
+/// One piece of a zero-copy scatter/gather list: a range of a memory handle.
+#[derive(Debug, Clone, Copy)]
+pub struct Iov<'a> {
+    pub mem: &'a MemHandle,
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl<'a> Iov<'a> {
+    pub fn new(mem: &'a MemHandle, offset: usize, len: usize) -> Self {
+        Iov { mem, offset, len }
+    }
+
+    /// The whole handle.
+    pub fn whole(mem: &'a MemHandle) -> Self {
+        Iov {
+            mem,
+            offset: 0,
+            len: mem.len(),
+        }
+    }
+}
+
+/// Total length of an iov list, each entry checked against its handle.
+pub fn iov_total(iov: &[Iov<'_>]) -> Result<usize> {
+    let mut total = 0usize;
+    for e in iov {
+        e.mem.check_range(e.offset, e.len)?;
+        total = total
+            .checked_add(e.len)
+            .ok_or_else(|| UctError::InvalidParam("iov total length overflows".into()))?;
+    }
+    Ok(total)
+}

@@ -1,0 +1,120 @@
+//! The ABI between the host and a loadable module (`libuct_<name>.so`).
+//!
+//! A module exports two symbols. `uct_module_abi` (C ABI) returns a
+//! [`ModuleAbi`] descriptor: magic, ABI version and a fingerprint of the
+//! compiler, target, profile and uct-core source. The host checks it before
+//! calling anything else. Only when it matches exactly is `uct_module_init`
+//! (Rust ABI) called: passing trait objects across the boundary is sound
+//! only between identical builds of the same compiler and uct-core, which
+//! is what the fingerprint guarantees. Both sides use the system allocator.
+//!
+//! Use [`declare_module!`](crate::declare_module) to export both.
+
+use std::ffi::c_char;
+use std::sync::Arc;
+
+use crate::component::Component;
+
+/// `b"UCTMOD\0\x01"` as a little-endian u64.
+pub const MODULE_MAGIC: u64 = u64::from_le_bytes(*b"UCTMOD\0\x01");
+/// Layout version of [`ModuleAbi`]; bump when it changes.
+pub const MODULE_ABI_VERSION: u32 = 1;
+/// Name of the C-ABI descriptor symbol.
+pub const ABI_SYMBOL: &[u8] = b"uct_module_abi";
+/// Name of the Rust-ABI init symbol.
+pub const INIT_SYMBOL: &[u8] = b"uct_module_init";
+
+/// What this build of uct-core requires of a module, nul-terminated.
+pub const FINGERPRINT: &str = concat!(
+    "uct-core ",
+    env!("CARGO_PKG_VERSION"),
+    "+src.",
+    env!("UCT_SOURCE_HASH"),
+    "; ",
+    env!("UCT_RUSTC_VERSION"),
+    "; ",
+    env!("UCT_TARGET"),
+    "; ",
+    env!("UCT_PROFILE"),
+    "\0"
+);
+
+/// The descriptor a module returns from `uct_module_abi`. Its layout never
+/// changes within one `abi_version`.
+#[repr(C)]
+pub struct ModuleAbi {
+    pub magic: u64,
+    pub abi_version: u32,
+    /// Nul-terminated fingerprint string.
+    pub fingerprint: *const c_char,
+}
+
+// SAFETY: the descriptor only points at a static string.
+unsafe impl Sync for ModuleAbi {}
+
+/// The descriptor of this build.
+pub static CURRENT_ABI: ModuleAbi = ModuleAbi {
+    magic: MODULE_MAGIC,
+    abi_version: MODULE_ABI_VERSION,
+    fingerprint: FINGERPRINT.as_ptr() as *const c_char,
+};
+
+/// The fingerprint of this build, without the terminating nul.
+pub fn fingerprint() -> &'static str {
+    FINGERPRINT.trim_end_matches('\0')
+}
+
+/// What the host hands a module at init.
+pub struct ModuleHost {
+    pub logger: &'static dyn log::Log,
+    pub max_level: log::LevelFilter,
+}
+
+impl ModuleHost {
+    /// The host's logger and level.
+    pub fn current() -> Self {
+        ModuleHost {
+            logger: log::logger(),
+            max_level: log::max_level(),
+        }
+    }
+
+    /// Module side: sends this copy of `log`'s records to the host logger.
+    pub fn install_logger(&self) {
+        // Fails only if the module already set one; keep that one.
+        let _ = log::set_logger(self.logger);
+        log::set_max_level(self.max_level);
+    }
+}
+
+/// What a module's init returns.
+pub struct ModuleExports {
+    pub components: Vec<Arc<dyn Component>>,
+}
+
+/// Signature of `uct_module_abi`.
+pub type AbiFn = extern "C" fn() -> *const ModuleAbi;
+/// Signature of `uct_module_init`.
+pub type InitFn = fn(&ModuleHost) -> ModuleExports;
+
+/// Exports a loadable module: `declare_module!(init_fn)`, where `init_fn`
+/// returns the module's components as `Vec<Arc<dyn Component>>`.
+#[macro_export]
+macro_rules! declare_module {
+    ($init:path) => {
+        #[no_mangle]
+        pub extern "C" fn uct_module_abi() -> *const $crate::module_abi::ModuleAbi {
+            &$crate::module_abi::CURRENT_ABI
+        }
+
+        #[no_mangle]
+        pub fn uct_module_init(
+            host: &$crate::module_abi::ModuleHost,
+        ) -> $crate::module_abi::ModuleExports {
+            host.install_logger();
+            $crate::module_abi::ModuleExports {
+                components: $init(),
+            }
+        }
+    };
+}

@@ -1,0 +1,342 @@
+//! Remote keys: a versioned, self-describing blob (magic, version, then one
+//! entry per memory domain that registered the region). Unpacking untrusted
+//! bytes returns a value or an error, never a panic.
+
+use std::any::Any;
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, UctError};
+
+/// First bytes of every packed rkey.
+pub const RKEY_MAGIC: [u8; 4] = *b"UCTK";
+/// Format version written by this build; older or newer versions are refused.
+pub const RKEY_VERSION: u16 = 1;
+/// Largest packed rkey accepted.
+pub const RKEY_MAX_BYTES: usize = 64 * 1024;
+/// Most MD entries in one bundle.
+pub const RKEY_MAX_ENTRIES: usize = 16;
+const NAME_MAX: usize = 64;
+
+/// What one memory domain packed for one region.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RkeyEntry {
+    /// Component that can unpack `payload`.
+    pub component: String,
+    /// Memory domain that registered the region.
+    pub md: String,
+    /// The MD's own payload, opaque to everyone else.
+    pub payload: Vec<u8>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Blob {
+    magic: [u8; 4],
+    version: u16,
+    entries: Vec<RkeyEntry>,
+}
+
+/// The keys of one region for every MD that registered it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RkeyBundle {
+    entries: Vec<RkeyEntry>,
+}
+
+impl RkeyBundle {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A bundle with one entry.
+    pub fn single(entry: RkeyEntry) -> Self {
+        RkeyBundle {
+            entries: vec![entry],
+        }
+    }
+
+    /// Adds an MD's entry; an entry for the same MD is replaced.
+    pub fn push(&mut self, entry: RkeyEntry) -> Result<()> {
+        validate_entry(&entry)?;
+        self.entries
+            .retain(|e| !(e.component == entry.component && e.md == entry.md));
+        if self.entries.len() >= RKEY_MAX_ENTRIES {
+            return Err(UctError::BadRkey(format!(
+                "a bundle holds at most {RKEY_MAX_ENTRIES} entries"
+            )));
+        }
+        self.entries.push(entry);
+        Ok(())
+    }
+
+    pub fn entries(&self) -> &[RkeyEntry] {
+        &self.entries
+    }
+
+    /// The entry packed by memory domain `md`.
+    pub fn find(&self, md: &str) -> Result<&RkeyEntry> {
+        self.entries.iter().find(|e| e.md == md).ok_or_else(|| {
+            let found: Vec<&str> = self.entries.iter().map(|e| e.md.as_str()).collect();
+            UctError::RkeyMismatch {
+                expected: format!("memory domain {md}"),
+                found: if found.is_empty() {
+                    "no memory domain".into()
+                } else {
+                    format!("memory domains {}", found.join(", "))
+                },
+            }
+        })
+    }
+
+    /// The bytes to send to a peer.
+    pub fn pack(&self) -> Result<Vec<u8>> {
+        let blob = Blob {
+            magic: RKEY_MAGIC,
+            version: RKEY_VERSION,
+            entries: self.entries.clone(),
+        };
+        let bytes = postcard::to_stdvec(&blob)
+            .map_err(|e| UctError::BadRkey(format!("cannot encode: {e}")))?;
+        if bytes.len() > RKEY_MAX_BYTES {
+            return Err(UctError::BadRkey(format!(
+                "packed rkey of {} bytes exceeds {RKEY_MAX_BYTES}",
+                bytes.len()
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// Parses bytes from a peer. Never panics; every malformed input is an
+    /// error that says what was wrong.
+    pub fn unpack(bytes: &[u8]) -> Result<Self> {
+        if bytes.len() > RKEY_MAX_BYTES {
+            return Err(UctError::BadRkey(format!(
+                "{} bytes is more than the {RKEY_MAX_BYTES} an rkey may have",
+                bytes.len()
+            )));
+        }
+        if bytes.len() < RKEY_MAGIC.len() + 1 {
+            return Err(UctError::BadRkey(format!("only {} bytes", bytes.len())));
+        }
+        if bytes[..4] != RKEY_MAGIC {
+            return Err(UctError::BadRkey("wrong magic: not an rkey".into()));
+        }
+        let (blob, rest): (Blob, &[u8]) = postcard::take_from_bytes(bytes)
+            .map_err(|e| UctError::BadRkey(format!("truncated or corrupt: {e}")))?;
+        if blob.version != RKEY_VERSION {
+            return Err(UctError::BadRkey(format!(
+                "format version {} is not {RKEY_VERSION}; both sides must run the same uct-rs version",
+                blob.version
+            )));
+        }
+        if !rest.is_empty() {
+            return Err(UctError::BadRkey(format!(
+                "{} unexpected trailing bytes",
+                rest.len()
+            )));
+        }
+        if blob.entries.is_empty() {
+            return Err(UctError::BadRkey("no memory domain entries".into()));
+        }
+        if blob.entries.len() > RKEY_MAX_ENTRIES {
+            return Err(UctError::BadRkey(format!(
+                "{} entries, at most {RKEY_MAX_ENTRIES} allowed",
+                blob.entries.len()
+            )));
+        }
+        for e in &blob.entries {
+            validate_entry(e)?;
+        }
+        Ok(RkeyBundle {
+            entries: blob.entries,
+        })
+    }
+}
+
+fn validate_entry(e: &RkeyEntry) -> Result<()> {
+    let ok_name = |s: &str| {
+        !s.is_empty()
+            && s.len() <= NAME_MAX
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b))
+    };
+    if !ok_name(&e.component) || !ok_name(&e.md) {
+        return Err(UctError::BadRkey(
+            "component or memory domain name is empty, too long or not printable".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Encodes an MD's payload.
+pub fn encode_payload<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    postcard::to_stdvec(value).map_err(|e| UctError::BadRkey(format!("cannot encode payload: {e}")))
+}
+
+/// Decodes an MD's payload, refusing trailing bytes.
+pub fn decode_payload<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    let (v, rest) = postcard::take_from_bytes::<T>(bytes)
+        .map_err(|e| UctError::BadRkey(format!("payload truncated or corrupt: {e}")))?;
+    if !rest.is_empty() {
+        return Err(UctError::BadRkey(format!(
+            "payload has {} unexpected trailing bytes",
+            rest.len()
+        )));
+    }
+    Ok(v)
+}
+
+/// An unpacked rkey, ready for the transports of the component that
+/// unpacked it.
+pub struct RemoteKey {
+    component: String,
+    md: String,
+    inner: Box<dyn Any + Send + Sync>,
+}
+
+impl RemoteKey {
+    pub fn new(
+        component: impl Into<String>,
+        md: impl Into<String>,
+        inner: Box<dyn Any + Send + Sync>,
+    ) -> Self {
+        RemoteKey {
+            component: component.into(),
+            md: md.into(),
+            inner,
+        }
+    }
+
+    pub fn component(&self) -> &str {
+        &self.component
+    }
+
+    pub fn md(&self) -> &str {
+        &self.md
+    }
+
+    /// The component's own key type, or an error naming both sides.
+    pub fn downcast<T: 'static>(&self, expected_md: &str) -> Result<&T> {
+        self.inner
+            .downcast_ref::<T>()
+            .ok_or_else(|| UctError::RkeyMismatch {
+                expected: format!("memory domain {expected_md}"),
+                found: format!("memory domain {} of component {}", self.md, self.component),
+            })
+    }
+}
+
+impl fmt::Debug for RemoteKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteKey")
+            .field("component", &self.component)
+            .field("md", &self.md)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> RkeyBundle {
+        let mut b = RkeyBundle::new();
+        b.push(RkeyEntry {
+            component: "self".into(),
+            md: "self".into(),
+            payload: vec![1, 2, 3, 4, 5, 6, 7, 8],
+        })
+        .unwrap();
+        b.push(RkeyEntry {
+            component: "ib".into(),
+            md: "mlx5_0".into(),
+            payload: vec![9; 40],
+        })
+        .unwrap();
+        b
+    }
+
+    #[test]
+    fn bundle_round_trips() {
+        let b = sample();
+        let bytes = b.pack().unwrap();
+        assert_eq!(RkeyBundle::unpack(&bytes).unwrap(), b);
+        assert_eq!(b.find("mlx5_0").unwrap().payload, vec![9; 40]);
+        assert!(matches!(
+            b.find("gaudi0"),
+            Err(UctError::RkeyMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn wrong_version_and_trailing_bytes_are_refused() {
+        let mut bytes = sample().pack().unwrap();
+        bytes.push(0);
+        assert!(
+            matches!(RkeyBundle::unpack(&bytes), Err(UctError::BadRkey(m)) if m.contains("trailing"))
+        );
+        let mut bytes = sample().pack().unwrap();
+        bytes[4] = 7; // version varint
+        assert!(
+            matches!(RkeyBundle::unpack(&bytes), Err(UctError::BadRkey(m)) if m.contains("version"))
+        );
+    }
+
+    /// Simple xorshift so the test needs no extra crate and is reproducible.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    #[test]
+    fn hundred_thousand_random_and_truncated_rkeys_never_panic() {
+        let good = sample().pack().unwrap();
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut errors = 0usize;
+        let mut accepted = 0usize;
+        for i in 0..100_000u32 {
+            let bytes: Vec<u8> = match i % 4 {
+                // Truncations of a good key.
+                0 => good[..(rng.next() as usize % good.len())].to_vec(),
+                // A good key with random bytes flipped.
+                1 => {
+                    let mut b = good.clone();
+                    for _ in 0..1 + rng.next() % 4 {
+                        let at = rng.next() as usize % b.len();
+                        b[at] = rng.next() as u8;
+                    }
+                    b
+                }
+                // Magic and version, then random bytes.
+                2 => {
+                    let mut b = good[..5].to_vec();
+                    let n = rng.next() as usize % 200;
+                    b.extend((0..n).map(|_| rng.next() as u8));
+                    b
+                }
+                // Pure noise.
+                _ => {
+                    let n = rng.next() as usize % 300;
+                    (0..n).map(|_| rng.next() as u8).collect()
+                }
+            };
+            match RkeyBundle::unpack(&bytes) {
+                Ok(b) => {
+                    accepted += 1;
+                    assert!(!b.entries().is_empty());
+                }
+                Err(UctError::BadRkey(_)) => errors += 1,
+                Err(other) => panic!("unexpected error kind: {other}"),
+            }
+        }
+        assert_eq!(errors + accepted, 100_000);
+        // Every truncation must be refused.
+        assert!(errors >= 25_000, "only {errors} refused");
+    }
+}

@@ -1,0 +1,331 @@
+//! The self endpoint: every operation executes at once against the target
+//! iface's region table and AM queue.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use super::iface::{SelfShared, MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT};
+use super::SELF_AM_QUEUE_LEN;
+use crate::completion::{Completion, CompletionData, Status};
+use crate::ep::{AtomicValue, Endpoint, FetchOp};
+use crate::error::{Result, UctError};
+use crate::iface::AM_ID_MAX;
+use crate::memory::{iov_total, Access, Iov, MemoryType};
+use crate::region_table::SoftRkey;
+use crate::rkey::RemoteKey;
+
+pub(super) struct SelfEp {
+    tl_name: &'static str,
+    target: Weak<SelfShared>,
+}
+
+impl SelfEp {
+    pub(super) fn new(tl_name: &'static str, target: Weak<SelfShared>) -> Self {
+        SelfEp { tl_name, target }
+    }
+
+    fn target(&self) -> Result<Arc<SelfShared>> {
+        self.target.upgrade().ok_or_else(|| {
+            UctError::EndpointFailed(format!("the peer {} iface was closed", self.tl_name))
+        })
+    }
+
+    fn key<'a>(&self, rkey: &'a RemoteKey) -> Result<&'a SoftRkey> {
+        rkey.downcast::<SoftRkey>(self.tl_name)
+    }
+
+    fn check_size(&self, what: &str, len: usize, max: usize) -> Result<()> {
+        if len > max {
+            return Err(UctError::InvalidParam(format!(
+                "{what} of {len} bytes exceeds the {max}-byte limit of {}; use the zcopy variant or smaller pieces",
+                self.tl_name
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_iov(&self, iov: &[Iov<'_>]) -> Result<usize> {
+        if iov.len() > MAX_IOV {
+            return Err(UctError::InvalidParam(format!(
+                "{} iov entries, {} takes at most {MAX_IOV}",
+                iov.len(),
+                self.tl_name
+            )));
+        }
+        for e in iov {
+            if e.mem.mem_type() != MemoryType::Host {
+                return Err(UctError::MemoryTypeUnsupported {
+                    mem_type: e.mem.mem_type(),
+                    owner: format!("transport {}", self.tl_name),
+                    hint: "it moves host memory only; use rc with a DMA-buf capable NIC for device memory".into(),
+                });
+            }
+        }
+        iov_total(iov)
+    }
+
+    /// Copies `data` into the target region.
+    fn write_remote(&self, data: &[u8], remote_addr: u64, rkey: &RemoteKey) -> Result<()> {
+        let key = self.key(rkey)?;
+        let t = self.target()?;
+        t.table.access(
+            key,
+            remote_addr,
+            data.len() as u64,
+            Access::REMOTE_WRITE,
+            |p| {
+                // SAFETY: the table checked that [p, p+len) is a live
+                // registered region granting remote write; it stays
+                // registered while this closure runs.
+                unsafe { std::ptr::copy(data.as_ptr(), p, data.len()) }
+            },
+        )
+    }
+
+    /// Copies from the target region into `out`.
+    fn read_remote(&self, out: &mut [u8], remote_addr: u64, rkey: &RemoteKey) -> Result<()> {
+        let key = self.key(rkey)?;
+        let t = self.target()?;
+        t.table.access(
+            key,
+            remote_addr,
+            out.len() as u64,
+            Access::REMOTE_READ,
+            |p| {
+                // SAFETY: as in write_remote, with remote read granted.
+                unsafe { std::ptr::copy(p, out.as_mut_ptr(), out.len()) }
+            },
+        )
+    }
+
+    fn gather(&self, header: &[u8], iov: &[Iov<'_>]) -> Result<Vec<u8>> {
+        let total = self.check_iov(iov)?;
+        let mut buf = Vec::with_capacity(header.len() + total);
+        buf.extend_from_slice(header);
+        for e in iov {
+            let at = buf.len();
+            buf.resize(at + e.len, 0);
+            e.mem.read(e.offset, &mut buf[at..])?;
+        }
+        Ok(buf)
+    }
+
+    fn enqueue_am(&self, id: u8, data: Vec<u8>) -> Result<Status> {
+        if id as usize >= AM_ID_MAX {
+            return Err(UctError::InvalidParam(format!(
+                "active message id {id} is not below {AM_ID_MAX}"
+            )));
+        }
+        let t = self.target()?;
+        let mut q = t.am_queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() >= SELF_AM_QUEUE_LEN {
+            return Ok(Status::NoResource);
+        }
+        q.push_back((id, data));
+        Ok(Status::Done)
+    }
+
+    fn atomic(
+        &self,
+        width: usize,
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        op: impl FnOnce(*mut u8) -> u64,
+    ) -> Result<u64> {
+        if !remote_addr.is_multiple_of(width as u64) {
+            return Err(UctError::Misaligned {
+                addr: remote_addr,
+                align: width as u64,
+            });
+        }
+        let key = self.key(rkey)?;
+        let t = self.target()?;
+        t.table
+            .access(key, remote_addr, width as u64, Access::REMOTE_ATOMIC, op)
+    }
+}
+
+fn atomic_u32<'a>(p: *mut u8) -> &'a AtomicU32 {
+    // SAFETY: callers pass a pointer the region table checked to be inside a
+    // live registered region, 4-byte aligned (checked in `atomic`).
+    unsafe { AtomicU32::from_ptr(p as *mut u32) }
+}
+
+fn atomic_u64<'a>(p: *mut u8) -> &'a AtomicU64 {
+    // SAFETY: as for atomic_u32, 8-byte aligned.
+    unsafe { AtomicU64::from_ptr(p as *mut u64) }
+}
+
+impl Endpoint for SelfEp {
+    fn put_short(&mut self, data: &[u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status> {
+        self.check_size("put_short", data.len(), MAX_SHORT)?;
+        self.write_remote(data, remote_addr, rkey)?;
+        Ok(Status::Done)
+    }
+
+    fn put_bcopy(&mut self, data: &[u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status> {
+        self.check_size("put_bcopy", data.len(), MAX_BCOPY)?;
+        self.write_remote(data, remote_addr, rkey)?;
+        Ok(Status::Done)
+    }
+
+    fn put_zcopy(
+        &mut self,
+        iov: &[Iov<'_>],
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        _comp: Option<&Completion>,
+    ) -> Result<Status> {
+        let total = self.check_iov(iov)?;
+        let key = *self.key(rkey)?;
+        key.precheck(remote_addr, total as u64, Access::REMOTE_WRITE)?;
+        let t = self.target()?;
+        t.table
+            .access(&key, remote_addr, total as u64, Access::REMOTE_WRITE, |p| {
+                let mut at = 0usize;
+                for e in iov {
+                    // The local range was checked by check_iov; host memory.
+                    let src = e.mem.host_ptr(e.offset, e.len)?;
+                    // SAFETY: [p+at, p+at+len) lies inside the checked remote
+                    // range (the iov lengths sum to `total`); src is a
+                    // checked local host range.
+                    unsafe { std::ptr::copy(src, p.add(at), e.len) };
+                    at += e.len;
+                }
+                Ok::<(), UctError>(())
+            })??;
+        Ok(Status::Done)
+    }
+
+    fn get_short(&mut self, buf: &mut [u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status> {
+        self.check_size("get_short", buf.len(), MAX_SHORT)?;
+        self.read_remote(buf, remote_addr, rkey)?;
+        Ok(Status::Done)
+    }
+
+    fn get_bcopy(
+        &mut self,
+        len: usize,
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        comp: &Completion,
+    ) -> Result<Status> {
+        self.check_size("get_bcopy", len, MAX_BCOPY)?;
+        let mut buf = vec![0u8; len];
+        self.read_remote(&mut buf, remote_addr, rkey)?;
+        comp.set_data(CompletionData::Bytes(buf));
+        Ok(Status::Done)
+    }
+
+    fn get_zcopy(
+        &mut self,
+        iov: &[Iov<'_>],
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        _comp: Option<&Completion>,
+    ) -> Result<Status> {
+        let total = self.check_iov(iov)?;
+        let key = *self.key(rkey)?;
+        let t = self.target()?;
+        t.table
+            .access(&key, remote_addr, total as u64, Access::REMOTE_READ, |p| {
+                let mut at = 0usize;
+                for e in iov {
+                    let dst = e.mem.host_ptr(e.offset, e.len)?;
+                    // SAFETY: as in put_zcopy, in the other direction.
+                    unsafe { std::ptr::copy(p.add(at), dst, e.len) };
+                    at += e.len;
+                }
+                Ok::<(), UctError>(())
+            })??;
+        Ok(Status::Done)
+    }
+
+    fn am_short(&mut self, id: u8, header: u64, payload: &[u8]) -> Result<Status> {
+        self.check_size("am_short payload", payload.len() + 8, MAX_SHORT)?;
+        let mut data = Vec::with_capacity(8 + payload.len());
+        data.extend_from_slice(&header.to_le_bytes());
+        data.extend_from_slice(payload);
+        self.enqueue_am(id, data)
+    }
+
+    fn am_bcopy(&mut self, id: u8, data: &[u8]) -> Result<Status> {
+        self.check_size("am_bcopy", data.len(), MAX_BCOPY)?;
+        self.enqueue_am(id, data.to_vec())
+    }
+
+    fn am_zcopy(
+        &mut self,
+        id: u8,
+        header: &[u8],
+        iov: &[Iov<'_>],
+        _comp: Option<&Completion>,
+    ) -> Result<Status> {
+        self.check_size("am_zcopy header", header.len(), MAX_AM_HEADER)?;
+        let data = self.gather(header, iov)?;
+        self.check_size("am_zcopy", data.len(), MAX_BCOPY)?;
+        self.enqueue_am(id, data)
+    }
+
+    fn atomic_add(
+        &mut self,
+        value: AtomicValue,
+        remote_addr: u64,
+        rkey: &RemoteKey,
+    ) -> Result<Status> {
+        self.atomic(value.width(), remote_addr, rkey, |p| match value {
+            AtomicValue::U32(v) => atomic_u32(p).fetch_add(v, Ordering::SeqCst) as u64,
+            AtomicValue::U64(v) => atomic_u64(p).fetch_add(v, Ordering::SeqCst),
+        })?;
+        Ok(Status::Done)
+    }
+
+    fn atomic_fetch(
+        &mut self,
+        op: FetchOp,
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        comp: &Completion,
+    ) -> Result<Status> {
+        use AtomicValue::{U32, U64};
+        if let FetchOp::CompareSwap { compare, swap } = op {
+            if compare.width() != swap.width() {
+                return Err(UctError::InvalidParam(
+                    "compare and swap values must have the same width".into(),
+                ));
+            }
+        }
+        let old = self.atomic(op.width(), remote_addr, rkey, |p| match op {
+            FetchOp::Add(U32(v)) => atomic_u32(p).fetch_add(v, Ordering::SeqCst) as u64,
+            FetchOp::Add(U64(v)) => atomic_u64(p).fetch_add(v, Ordering::SeqCst),
+            FetchOp::Swap(U32(v)) => atomic_u32(p).swap(v, Ordering::SeqCst) as u64,
+            FetchOp::Swap(U64(v)) => atomic_u64(p).swap(v, Ordering::SeqCst),
+            FetchOp::CompareSwap {
+                compare: U32(c),
+                swap: U32(s),
+            } => match atomic_u32(p).compare_exchange(c, s, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) | Err(v) => v as u64,
+            },
+            FetchOp::CompareSwap {
+                compare: U64(c),
+                swap: U64(s),
+            } => match atomic_u64(p).compare_exchange(c, s, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) | Err(v) => v,
+            },
+            // Mixed widths were refused above.
+            FetchOp::CompareSwap { .. } => u64::MAX,
+        });
+        comp.set_data(CompletionData::Value(old?));
+        Ok(Status::Done)
+    }
+
+    fn flush(&mut self, _comp: Option<&Completion>) -> Result<Status> {
+        // Every operation completed when it was posted; the peer must exist.
+        self.target()?;
+        Ok(Status::Done)
+    }
+
+    fn fence(&mut self) -> Result<Status> {
+        Ok(Status::Done)
+    }
+}

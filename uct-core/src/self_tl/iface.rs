@@ -1,0 +1,229 @@
+//! The self iface: a queue of incoming active messages and the MD's region
+//! table, registered in a process-wide directory so endpoints can find them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use super::ep::SelfEp;
+use crate::ep::Endpoint;
+use crate::error::{Result, UctError};
+use crate::iface::{
+    AmHandler, AmMessage, Caps, EpParams, Iface, IfaceAttrs, SizeLimits, AM_ID_MAX,
+};
+use crate::md::MemoryDomain;
+use crate::memory::MemoryType;
+use crate::region_table::RegionTable;
+
+/// What endpoints share with the iface they target.
+pub(super) struct SelfShared {
+    pub(super) tl_name: &'static str,
+    pub(super) table: Arc<RegionTable>,
+    pub(super) am_queue: Mutex<VecDeque<(u8, Vec<u8>)>>,
+}
+
+type Directory = Mutex<HashMap<u64, Weak<SelfShared>>>;
+
+fn directory() -> &'static Directory {
+    static DIR: OnceLock<Directory> = OnceLock::new();
+    DIR.get_or_init(Default::default)
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(super) fn lookup(tl_name: &str, id: u64) -> Option<Arc<SelfShared>> {
+    let dir = directory().lock().unwrap_or_else(|p| p.into_inner());
+    dir.get(&id)
+        .and_then(Weak::upgrade)
+        .filter(|s| s.tl_name == tl_name)
+}
+
+pub(super) fn parse_addresses(device_addr: &[u8], iface_addr: &[u8]) -> Option<(u32, u64)> {
+    let pid = u32::from_le_bytes(device_addr.try_into().ok()?);
+    let id = u64::from_le_bytes(iface_addr.try_into().ok()?);
+    Some((pid, id))
+}
+
+pub(super) const MAX_SHORT: usize = 8 * 1024;
+pub(super) const MAX_BCOPY: usize = 64 * 1024;
+pub(super) const MAX_ZCOPY: usize = 1 << 30;
+pub(super) const MAX_IOV: usize = 16;
+pub(super) const MAX_AM_HEADER: usize = 256;
+
+fn self_attrs() -> IfaceAttrs {
+    let limits = |max_zcopy| SizeLimits {
+        max_short: MAX_SHORT,
+        max_bcopy: MAX_BCOPY,
+        min_zcopy: 0,
+        max_zcopy,
+        max_iov: MAX_IOV,
+    };
+    IfaceAttrs {
+        caps: Caps::PUT
+            | Caps::GET
+            | Caps::AM
+            | Caps::ATOMIC32
+            | Caps::ATOMIC64
+            | Caps::FLUSH
+            | Caps::FENCE
+            | Caps::CONNECT_TO_IFACE,
+        put: limits(MAX_ZCOPY),
+        get: limits(MAX_ZCOPY),
+        am: limits(MAX_BCOPY),
+        max_am_header: MAX_AM_HEADER,
+        mem_types: vec![MemoryType::Host],
+        latency_ns: 0.0,
+        bandwidth_bps: 6.0e9,
+        overhead_ns: 10.0,
+        iface_addr_len: 8,
+        device_addr_len: 4,
+        ep_addr_len: 0,
+    }
+}
+
+/// A self iface.
+pub struct SelfIface {
+    id: u64,
+    shared: Arc<SelfShared>,
+    md: Arc<dyn MemoryDomain>,
+    attrs: IfaceAttrs,
+    handlers: Vec<Option<AmHandler>>,
+}
+
+impl SelfIface {
+    pub(super) fn new(
+        tl_name: &'static str,
+        md: Arc<dyn MemoryDomain>,
+        table: Arc<RegionTable>,
+    ) -> Self {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let shared = Arc::new(SelfShared {
+            tl_name,
+            table,
+            am_queue: Mutex::new(VecDeque::new()),
+        });
+        directory()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, Arc::downgrade(&shared));
+        SelfIface {
+            id,
+            shared,
+            md,
+            attrs: self_attrs(),
+            handlers: (0..AM_ID_MAX).map(|_| None).collect(),
+        }
+    }
+}
+
+impl Drop for SelfIface {
+    fn drop(&mut self) {
+        directory()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
+
+impl Iface for SelfIface {
+    fn transport(&self) -> &str {
+        self.shared.tl_name
+    }
+
+    fn device(&self) -> &str {
+        "memory"
+    }
+
+    fn attrs(&self) -> &IfaceAttrs {
+        &self.attrs
+    }
+
+    fn md(&self) -> &Arc<dyn MemoryDomain> {
+        &self.md
+    }
+
+    fn device_address(&self) -> Vec<u8> {
+        std::process::id().to_le_bytes().to_vec()
+    }
+
+    fn iface_address(&self) -> Vec<u8> {
+        self.id.to_le_bytes().to_vec()
+    }
+
+    fn is_reachable(&self, device_addr: &[u8], iface_addr: &[u8]) -> bool {
+        match parse_addresses(device_addr, iface_addr) {
+            Some((pid, id)) => {
+                pid == std::process::id() && lookup(self.shared.tl_name, id).is_some()
+            }
+            None => false,
+        }
+    }
+
+    fn create_ep(&mut self, params: EpParams) -> Result<Box<dyn Endpoint>> {
+        let EpParams::ToIface {
+            device_addr,
+            iface_addr,
+        } = params
+        else {
+            return Err(UctError::InvalidParam(format!(
+                "{} connects to ifaces only; pass EpParams::ToIface",
+                self.shared.tl_name
+            )));
+        };
+        let (pid, id) = parse_addresses(&device_addr, &iface_addr).ok_or_else(|| {
+            UctError::InvalidParam(format!(
+                "not a {} address (expected 4 + 8 bytes, got {} + {})",
+                self.shared.tl_name,
+                device_addr.len(),
+                iface_addr.len()
+            ))
+        })?;
+        if pid != std::process::id() {
+            return Err(UctError::Unreachable(format!(
+                "{} reaches ifaces of its own process only (peer pid {pid}); use posix, cma or tcp between processes",
+                self.shared.tl_name
+            )));
+        }
+        let target = lookup(self.shared.tl_name, id).ok_or_else(|| {
+            UctError::Unreachable(format!(
+                "{} iface {id} does not exist in this process (closed?)",
+                self.shared.tl_name
+            ))
+        })?;
+        Ok(Box::new(SelfEp::new(
+            self.shared.tl_name,
+            Arc::downgrade(&target),
+        )))
+    }
+
+    fn set_am_handler(&mut self, id: u8, handler: AmHandler) -> Result<()> {
+        let slot = self.handlers.get_mut(id as usize).ok_or_else(|| {
+            UctError::InvalidParam(format!("active message id {id} is not below {AM_ID_MAX}"))
+        })?;
+        *slot = Some(handler);
+        Ok(())
+    }
+
+    fn progress(&mut self) -> usize {
+        // Take the whole batch so handlers may send to this iface again.
+        let batch: VecDeque<(u8, Vec<u8>)> = std::mem::take(
+            &mut *self
+                .shared
+                .am_queue
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        let n = batch.len();
+        for (id, data) in batch {
+            match self.handlers.get_mut(id as usize).and_then(Option::as_mut) {
+                Some(h) => h(AmMessage { id, data: &data }),
+                None => log::warn!(
+                    "{}: dropped active message {id} ({} bytes): no handler set",
+                    self.shared.tl_name,
+                    data.len()
+                ),
+            }
+        }
+        n
+    }
+}
