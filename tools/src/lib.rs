@@ -1,1 +1,4 @@
-//! Shared helpers of the uct-rs tools.
+//! Shared code of the uct-rs command-line tools.
+
+pub mod info;
+pub mod text;

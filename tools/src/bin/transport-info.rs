@@ -1,1 +1,161 @@
-fn main() {}
+//! transport-info: what uct-rs finds on this machine — components, modules,
+//! memory domains, transports and their capabilities, configuration.
+
+use clap::Parser;
+use serde_json::{json, Map, Value};
+use tools::{info, text};
+use uct_core::Registry;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "transport-info",
+    disable_version_flag = true,
+    about = "Show the components, modules, memory domains, transports and configuration uct-rs finds on this machine",
+    after_help = "Examples:\n  transport-info -d             memory domains and transports, with capabilities\n  transport-info -d -t tcp      only the tcp transport\n  transport-info -a             everything, including modules that did not load and why\n  transport-info -c -f          configuration variables with their documentation\n  transport-info -a --json      the same as JSON, for scripts\n\nEnvironment: UCT_TLS, UCT_MODULES, UCT_MODULE_DIR, UCT_LOG_LEVEL and the rest are listed by -c."
+)]
+struct Args {
+    /// Print the uct-rs version.
+    #[arg(short = 'v', long = "version")]
+    version: bool,
+
+    /// Memory domains and transports, one block each, with capabilities
+    /// (sizes, atomics, connection modes, memory types they can touch).
+    #[arg(short = 'd', long = "devices")]
+    devices: bool,
+
+    /// Everything: version, build, components and where they came from,
+    /// modules with load status and reasons, devices, absent transports,
+    /// configuration.
+    #[arg(short = 'a', long = "all")]
+    all: bool,
+
+    /// Every UCT_* configuration variable with its value.
+    #[arg(short = 'c', long = "config")]
+    config: bool,
+
+    /// With -c: also each variable's documentation and default.
+    #[arg(short = 'f', long = "full")]
+    full: bool,
+
+    /// Only show transport NAME (with -d or -a), e.g. self, posix, tcp.
+    #[arg(short = 't', long = "transport", value_name = "NAME")]
+    transport: Option<String>,
+
+    /// Build information: version, profile, module ABI fingerprint.
+    #[arg(short = 'b', long = "build")]
+    build: bool,
+
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() {
+    uct_core::logging::init();
+    let mut args = Args::parse();
+    if args.full && !(args.config || args.all) {
+        eprintln!("transport-info: -f adds documentation to -c; use -c -f");
+        std::process::exit(2);
+    }
+    if !(args.version
+        || args.devices
+        || args.all
+        || args.config
+        || args.build
+        || args.transport.is_some())
+    {
+        eprintln!("transport-info: nothing to show; try -d (devices), -a (everything) or --help");
+        std::process::exit(2);
+    }
+    if args.transport.is_some() && !args.all {
+        args.devices = true;
+    }
+    let reg = match Registry::from_env() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("transport-info: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Some(t) = &args.transport {
+        if !reg.resources().iter().any(|r| &r.tl.transport == t) {
+            eprintln!(
+                "transport-info: transport {t} is not available: {}",
+                reg.explain_absent(t)
+            );
+            std::process::exit(1);
+        }
+    }
+    if args.json {
+        print_json(&args, &reg);
+    } else {
+        print_text(&args, &reg);
+    }
+}
+
+fn print_text(args: &Args, reg: &Registry) {
+    let only = args.transport.as_deref();
+    let mut out = String::new();
+    if args.version && !(args.build || args.all) {
+        out.push_str(&format!("# uct-rs version {}\n", uct_core::VERSION));
+    }
+    if args.build || args.all {
+        out.push_str(&text::build(&info::build_info()));
+    }
+    if args.all {
+        out.push_str(&text::components(&info::components(reg)));
+        out.push_str(&text::modules(&info::modules(reg)));
+    }
+    if args.devices || args.all {
+        out.push_str(&text::devices(&info::devices(reg, only)));
+        if only.is_none() {
+            out.push_str(&text::absent(&info::absent(reg)));
+        }
+    }
+    if args.config || args.all {
+        if args.all {
+            out.push_str("#\n# Configuration\n#\n");
+        }
+        out.push_str(&text::config(&info::config(reg), args.full));
+    }
+    print!("{out}");
+}
+
+fn print_json(args: &Args, reg: &Registry) {
+    let only = args.transport.as_deref();
+    let mut m = Map::new();
+    if args.version || args.all {
+        m.insert("version".into(), json!(uct_core::VERSION));
+    }
+    if args.build || args.all {
+        m.insert("build".into(), json!(info::build_info()));
+    }
+    if args.all {
+        m.insert("components".into(), json!(info::components(reg)));
+        m.insert("modules".into(), json!(info::modules(reg)));
+    }
+    if args.devices || args.all {
+        m.insert("memory_domains".into(), json!(info::devices(reg, only)));
+        if only.is_none() {
+            m.insert("absent_transports".into(), json!(info::absent(reg)));
+        }
+    }
+    if args.config || args.all {
+        m.insert("config".into(), json!(info::config(reg)));
+    }
+    m.insert(
+        "warnings".into(),
+        json!(reg
+            .unknown_vars()
+            .iter()
+            .map(|u| u.to_string())
+            .collect::<Vec<_>>()),
+    );
+    match serde_json::to_string_pretty(&Value::Object(m)) {
+        Ok(s) => println!("{s}"),
+        Err(e) => {
+            eprintln!("transport-info: cannot encode JSON: {e}");
+            std::process::exit(1);
+        }
+    }
+}

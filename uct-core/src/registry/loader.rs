@@ -88,12 +88,14 @@ pub fn load(name: &str, path: &Path) -> (ModuleStatus, Vec<Arc<dyn Component>>) 
     // `InitFn` from an identical build of uct-core and rustc.
     let init: InitFn = match unsafe { lib.get::<InitFn>(INIT_SYMBOL) } {
         Ok(f) => *f,
-        Err(e) => return (
-            ModuleStatus::Refused(format!(
+        Err(e) => {
+            return (
+                ModuleStatus::Refused(format!(
                 "it has no uct_module_init symbol ({e}); declare it with uct_core::declare_module!"
             )),
-            vec![],
-        ),
+                vec![],
+            )
+        }
     };
     let host = ModuleHost::current();
     let components = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| init(&host))) {

@@ -1,0 +1,312 @@
+//! What `transport-info` reports, collected from the registry into plain
+//! structures that print as text or JSON.
+
+use serde::Serialize;
+use uct_core::config::ValueSource;
+use uct_core::iface::SizeLimits;
+use uct_core::registry::{ModuleStatus, Origin};
+use uct_core::{Caps, IfaceParams, MdFlags, MemoryType, Registry};
+
+#[derive(Debug, Serialize)]
+pub struct BuildInfo {
+    pub version: &'static str,
+    pub module_abi_fingerprint: &'static str,
+    pub profile: &'static str,
+    pub features: Vec<&'static str>,
+}
+
+pub fn build_info() -> BuildInfo {
+    BuildInfo {
+        version: uct_core::VERSION,
+        module_abi_fingerprint: uct_core::module_abi::fingerprint(),
+        profile: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        features: vec![],
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ComponentReport {
+    pub name: String,
+    pub description: String,
+    /// `builtin`, or the module file it came from.
+    pub origin: String,
+    pub transports: Vec<String>,
+    pub memory_domains: Vec<String>,
+    pub error: Option<String>,
+}
+
+pub fn components(reg: &Registry) -> Vec<ComponentReport> {
+    reg.components()
+        .iter()
+        .map(|c| {
+            let (memory_domains, error) = match c.component.md_names() {
+                Ok(m) => (m, None),
+                Err(e) => (vec![], Some(e.to_string())),
+            };
+            ComponentReport {
+                name: c.component.name().to_string(),
+                description: c.component.description().to_string(),
+                origin: match &c.origin {
+                    Origin::Builtin => "builtin".into(),
+                    Origin::Module { name, path } => {
+                        format!("module {name} ({})", path.display())
+                    }
+                },
+                transports: c.component.transport_names(),
+                memory_domains,
+                error,
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModuleReport {
+    pub name: String,
+    pub path: String,
+    pub status: &'static str,
+    pub components: Vec<String>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModulesReport {
+    pub search_path: Vec<String>,
+    pub modules: Vec<ModuleReport>,
+}
+
+pub fn modules(reg: &Registry) -> ModulesReport {
+    ModulesReport {
+        search_path: reg
+            .search_path()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
+        modules: reg
+            .modules()
+            .iter()
+            .map(|m| ModuleReport {
+                name: m.name.clone(),
+                path: m.path.display().to_string(),
+                status: m.status.label(),
+                components: match &m.status {
+                    ModuleStatus::Loaded(c) => c.clone(),
+                    _ => vec![],
+                },
+                reason: m.status.reason().map(str::to_string),
+            })
+            .collect(),
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct LimitsReport {
+    pub max_short: usize,
+    pub max_bcopy: usize,
+    pub min_zcopy: usize,
+    pub max_zcopy: usize,
+    pub max_iov: usize,
+}
+
+impl From<SizeLimits> for LimitsReport {
+    fn from(l: SizeLimits) -> Self {
+        LimitsReport {
+            max_short: l.max_short,
+            max_bcopy: l.max_bcopy,
+            min_zcopy: l.min_zcopy,
+            max_zcopy: l.max_zcopy,
+            max_iov: l.max_iov,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct IfaceReport {
+    pub capabilities: Vec<String>,
+    pub put: LimitsReport,
+    pub get: LimitsReport,
+    pub am: LimitsReport,
+    pub max_am_header: usize,
+    pub memory_types: Vec<String>,
+    pub latency_ns: f64,
+    pub bandwidth_mbps: f64,
+    pub overhead_ns: f64,
+    pub device_addr_len: usize,
+    pub iface_addr_len: usize,
+    pub ep_addr_len: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TransportReport {
+    pub transport: String,
+    pub device: String,
+    pub device_type: &'static str,
+    pub system_device: Option<String>,
+    pub attrs: Option<IfaceReport>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MdReport {
+    pub component: String,
+    pub memory_domain: String,
+    pub flags: Vec<String>,
+    pub alloc_mem_types: Vec<String>,
+    pub reg_mem_types: Vec<String>,
+    pub export_mem_types: Vec<String>,
+    pub detect_mem_types: Vec<String>,
+    pub max_alloc: u64,
+    pub rkey_packed_size: usize,
+    pub reg_cost_ns: f64,
+    pub reg_cost_ns_per_byte: f64,
+    pub system_device: Option<String>,
+    pub transports: Vec<TransportReport>,
+}
+
+fn names(types: &[MemoryType]) -> Vec<String> {
+    types.iter().map(|t| t.name().to_string()).collect()
+}
+
+fn flag_names<F: bitflags::Flags>(f: F) -> Vec<String> {
+    f.iter_names()
+        .map(|(n, _)| n.to_ascii_lowercase())
+        .collect()
+}
+
+/// Every MD with its transports; `only` keeps those of one transport.
+pub fn devices(reg: &Registry, only: Option<&str>) -> Vec<MdReport> {
+    let mut out: Vec<MdReport> = Vec::new();
+    for r in reg.resources() {
+        if only.is_some_and(|t| t != r.tl.transport) {
+            continue;
+        }
+        let (attrs, error) = match r
+            .component
+            .open_iface(&r.md, &r.tl, &IfaceParams::default())
+        {
+            Ok(iface) => {
+                let a = iface.attrs().clone();
+                (
+                    Some(IfaceReport {
+                        capabilities: flag_names(a.caps),
+                        put: a.put.into(),
+                        get: a.get.into(),
+                        am: a.am.into(),
+                        max_am_header: a.max_am_header,
+                        memory_types: names(&a.mem_types),
+                        latency_ns: a.latency_ns,
+                        bandwidth_mbps: a.bandwidth_bps / 1e6,
+                        overhead_ns: a.overhead_ns,
+                        device_addr_len: a.device_addr_len,
+                        iface_addr_len: a.iface_addr_len,
+                        ep_addr_len: a.ep_addr_len,
+                    }),
+                    None,
+                )
+            }
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let tr = TransportReport {
+            transport: r.tl.transport.clone(),
+            device: r.tl.device.clone(),
+            device_type: r.tl.device_type.name(),
+            system_device: r.tl.system_device.clone(),
+            attrs,
+            error,
+        };
+        if let Some(m) = out
+            .iter_mut()
+            .find(|m| m.component == r.component.name() && m.memory_domain == r.md.name())
+        {
+            m.transports.push(tr);
+            continue;
+        }
+        let a = r.md.attrs();
+        out.push(MdReport {
+            component: r.component.name().to_string(),
+            memory_domain: r.md.name().to_string(),
+            flags: flag_names(a.flags),
+            alloc_mem_types: names(&a.alloc_mem_types),
+            reg_mem_types: names(&a.reg_mem_types),
+            export_mem_types: names(&a.export_mem_types),
+            detect_mem_types: names(&a.detect_mem_types),
+            max_alloc: a.max_alloc,
+            rkey_packed_size: a.rkey_packed_size,
+            reg_cost_ns: a.reg_cost.overhead_ns,
+            reg_cost_ns_per_byte: a.reg_cost.per_byte_ns,
+            system_device: a.system_device,
+            transports: vec![tr],
+        });
+    }
+    out
+}
+
+/// Transports that are known but absent, with the reason.
+#[derive(Debug, Serialize)]
+pub struct AbsentReport {
+    pub transport: String,
+    pub reason: String,
+}
+
+pub fn absent(reg: &Registry) -> Vec<AbsentReport> {
+    let present: Vec<String> = reg
+        .resources()
+        .into_iter()
+        .map(|r| r.tl.transport)
+        .collect();
+    uct_core::registry::KNOWN_TRANSPORTS
+        .iter()
+        .filter(|(t, _)| !present.iter().any(|p| p == t))
+        .map(|(t, _)| AbsentReport {
+            transport: t.to_string(),
+            reason: reg.explain_absent(t),
+        })
+        .collect()
+}
+
+#[derive(Debug, Serialize)]
+pub struct ConfigReport {
+    pub name: &'static str,
+    pub value: String,
+    pub default: &'static str,
+    pub from_environment: bool,
+    pub owner: String,
+    pub doc: &'static str,
+}
+
+pub fn config(reg: &Registry) -> Vec<ConfigReport> {
+    reg.config()
+        .entries()
+        .map(|e| ConfigReport {
+            name: e.var.name,
+            value: e.value.clone(),
+            default: e.var.default,
+            from_environment: e.source == ValueSource::Environment,
+            owner: e.owner.clone(),
+            doc: e.var.doc,
+        })
+        .collect()
+}
+
+/// Capability names in the order `ucx_info` prints them.
+pub fn caps_line(caps: &[String], prefix: &str) -> String {
+    caps.iter()
+        .filter(|c| c.starts_with(prefix))
+        .map(|c| c.trim_start_matches(prefix).to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether `caps` has `flag`.
+pub fn has(caps: &[String], flag: Caps) -> bool {
+    flag_names(flag).iter().all(|f| caps.contains(f))
+}
+
+/// Whether `flags` has `flag`.
+pub fn md_has(flags: &[String], flag: MdFlags) -> bool {
+    flag_names(flag).iter().all(|f| flags.contains(f))
+}
