@@ -1,1 +1,9 @@
-//! Conformance suite.
+//! The conformance suite of uct-rs: the same cases for every transport the
+//! registry finds at run time. Absent transports are reported as skipped,
+//! by name, with the reason.
+
+pub mod cases;
+pub mod pair;
+
+pub use cases::{all as all_cases, not_applicable, Case};
+pub use pair::{Pair, TestResult};

@@ -1,0 +1,115 @@
+//! Active messages: short, bcopy, zcopy; order; several ids.
+
+use uct_core::{Access, Caps, Completion, Iov};
+
+use super::{case, Case};
+use crate::ensure;
+use crate::pair::{count, inbox, pattern, Context, Inbox, Pair, TestResult};
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        case("am_short", Caps::AM_SHORT, am_short),
+        case("am_bcopy", Caps::AM_BCOPY, am_bcopy),
+        case("am_zcopy", Caps::AM_ZCOPY, am_zcopy),
+        case("am_order", Caps::AM_SHORT, am_order),
+        case("am_ids", Caps::AM_BCOPY, am_ids),
+    ]
+}
+
+fn take(inbox: &Inbox) -> Vec<(u8, Vec<u8>)> {
+    std::mem::take(&mut *inbox.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+fn am_short(p: &mut Pair) -> TestResult {
+    let max = p.attrs().am.max_short;
+    ensure!(max >= 8, "am max_short {max} leaves no room for the 8-byte header");
+    let inbox = inbox(p, 3)?;
+    for (i, len) in [0usize, 1, 8, (max - 8) / 2, max - 8].into_iter().enumerate() {
+        let payload = pattern(len, 1000 + i as u64);
+        let header = 0x1122_3344_5566_7700u64 + i as u64;
+        let c = Completion::new();
+        p.post_wait("am_short", &c, |ep, _| ep.am_short(3, header, &payload))
+            .ctx("am_short")?;
+        p.progress_until("am_short delivery", || count(&inbox) == 1)?;
+        let (id, data) = take(&inbox).remove(0);
+        ensure!(id == 3, "message arrived with id {id}, sent with 3");
+        ensure!(data.len() == 8 + len, "received {} bytes, sent 8 + {len}", data.len());
+        ensure!(data[..8] == header.to_le_bytes(), "header changed in transit");
+        ensure!(data[8..] == payload[..], "payload of {len} bytes changed in transit");
+    }
+    Ok(())
+}
+
+fn am_bcopy(p: &mut Pair) -> TestResult {
+    let max = p.attrs().am.max_bcopy;
+    let inbox = inbox(p, 5)?;
+    for (i, len) in [1usize, 100, 4096, max / 2, max].into_iter().enumerate() {
+        let data = pattern(len, 1100 + i as u64);
+        let c = Completion::new();
+        p.post_wait("am_bcopy", &c, |ep, _| ep.am_bcopy(5, &data))
+            .ctx("am_bcopy")?;
+        p.progress_until("am_bcopy delivery", || count(&inbox) == 1)?;
+        let (_, got) = take(&inbox).remove(0);
+        ensure!(got == data, "am_bcopy of {len} bytes arrived changed ({} bytes)", got.len());
+    }
+    Ok(())
+}
+
+fn am_zcopy(p: &mut Pair) -> TestResult {
+    let attrs = p.attrs();
+    let inbox = inbox(p, 7)?;
+    let header = pattern(attrs.max_am_header.min(32), 1200);
+    let n = attrs.am.max_iov.clamp(1, 3);
+    let piece = ((attrs.am.max_zcopy - header.len()) / n).min(8192);
+    let locals: Vec<_> = (0..n)
+        .map(|_| p.alloc(piece + 3, Access::all_rights()))
+        .collect::<Result<_, _>>()?;
+    let mut want = header.clone();
+    for (i, l) in locals.iter().enumerate() {
+        let d = pattern(piece, 1300 + i as u64);
+        l.write(3, &d).ctx("fill local")?;
+        want.extend_from_slice(&d);
+    }
+    let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 3, piece)).collect();
+    let c = Completion::new();
+    p.post_wait("am_zcopy", &c, |ep, c| ep.am_zcopy(7, &header, &iov, Some(c)))
+        .ctx("am_zcopy")?;
+    p.progress_until("am_zcopy delivery", || count(&inbox) == 1)?;
+    let (_, got) = take(&inbox).remove(0);
+    ensure!(got == want, "am_zcopy of {} bytes arrived changed ({} bytes)", want.len(), got.len());
+    Ok(())
+}
+
+/// Messages on one endpoint arrive in the order sent.
+fn am_order(p: &mut Pair) -> TestResult {
+    let inbox = inbox(p, 1)?;
+    let n = 2000u64;
+    for seq in 0..n {
+        let c = Completion::new();
+        p.post_wait("am_short", &c, |ep, _| ep.am_short(1, seq, &[]))
+            .ctx("am_short")?;
+    }
+    p.progress_until("all messages", || count(&inbox) as u64 == n)?;
+    for (i, (_, d)) in take(&inbox).into_iter().enumerate() {
+        let seq = u64::from_le_bytes(d[..8].try_into().map_err(|_| "short message")?);
+        ensure!(seq == i as u64, "message {seq} arrived in position {i}");
+    }
+    Ok(())
+}
+
+/// Each id reaches its own handler.
+fn am_ids(p: &mut Pair) -> TestResult {
+    let ids = [0u8, 9, 31];
+    let boxes: Vec<Inbox> = ids.iter().map(|&id| inbox(p, id)).collect::<Result<_, _>>()?;
+    for &id in &ids {
+        let c = Completion::new();
+        p.post_wait("am_bcopy", &c, |ep, _| ep.am_bcopy(id, &[id; 16]))
+            .ctx("am_bcopy")?;
+    }
+    p.progress_until("messages on every id", || boxes.iter().all(|b| count(b) == 1))?;
+    for (b, &id) in boxes.iter().zip(&ids) {
+        let (got_id, data) = take(b).remove(0);
+        ensure!(got_id == id && data == [id; 16], "handler of id {id} got id {got_id}");
+    }
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! Bad input gets a named error and changes nothing: malformed rkeys,
+//! out-of-range and unauthorised accesses, forged secrets, deregistered
+//! regions, wrong memory types, misaligned atomics, oversized messages, a
+//! peer that went away.
+
+use uct_core::{Access, AtomicValue, Caps, Completion, Iov, MemoryType, UctError};
+
+use super::{case, Case};
+use crate::ensure;
+use crate::pair::{fake_device_memory, pattern, Context, Pair, TestResult};
+
+pub fn cases() -> Vec<Case> {
+    let mut v = vec![
+        case("bad_rkey_bytes", Caps::empty(), bad_rkey_bytes),
+        case("out_of_range_put", Caps::PUT_BCOPY, out_of_range_put),
+        case("out_of_range_get", Caps::GET_BCOPY, out_of_range_get),
+        case("read_only_region", Caps::PUT_BCOPY.union(Caps::GET_BCOPY), read_only_region),
+        case("deregistered_region", Caps::PUT_BCOPY, deregistered_region),
+        case("wrong_memory_type", Caps::PUT_ZCOPY, wrong_memory_type),
+        case("misaligned_atomic", Caps::ATOMIC64, misaligned_atomic),
+        case("oversized_short", Caps::PUT_SHORT, oversized_short),
+        case("peer_closed", Caps::AM_BCOPY, peer_closed),
+    ];
+    let mut secret = case("wrong_secret", Caps::PUT_BCOPY, wrong_secret);
+    secret.soft_rkey = true;
+    v.push(secret);
+    v
+}
+
+fn bad_rkey_bytes(p: &mut Pair) -> TestResult {
+    let remote = p.alloc(4096, Access::all_rights())?;
+    let good = p.packed_rkey(&remote)?;
+    let md = p.resource.md.name().to_string();
+    // Truncations, flips and noise: each unpacks to a key or an error.
+    let mut x = 0xdead_beef_u64;
+    for i in 0..2000usize {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let mut b = good.clone();
+        match i % 3 {
+            0 => b.truncate(i % good.len()),
+            1 => b[(x as usize) % good.len()] ^= (x >> 8) as u8 | 1,
+            _ => b = pattern(i % 97, x),
+        }
+        let _ = p.reg.unpack_rkey(&b, &md);
+    }
+    let e = p.reg.unpack_rkey(&good[..good.len() / 2], &md).err();
+    ensure!(matches!(e, Some(UctError::BadRkey(_))), "half an rkey gave {e:?}, not BadRkey");
+    let e = p.reg.unpack_rkey(&good, "no-such-md").err();
+    ensure!(
+        matches!(e, Some(UctError::RkeyMismatch { .. })),
+        "an rkey asked for under another MD gave {e:?}, not RkeyMismatch"
+    );
+    Ok(())
+}
+
+fn out_of_range_put(p: &mut Pair) -> TestResult {
+    let remote = p.alloc(4096, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    let data = pattern(64, 1);
+    for addr in [remote.addr() + 4096 - 32, remote.addr() - 64, remote.addr() + (1 << 40)] {
+        let e = p.expect_failure("out-of-range put", |ep, _| ep.put_bcopy(&data, addr, &rkey))?;
+        ensure!(matches!(e, UctError::OutOfRange { .. }), "out-of-range put gave: {e}");
+    }
+    ensure!(remote.to_vec().ctx("read")?.iter().all(|&b| b == 0), "a refused put changed the region");
+    Ok(())
+}
+
+fn out_of_range_get(p: &mut Pair) -> TestResult {
+    let remote = p.alloc(4096, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    let addr = remote.addr() + 4000;
+    let e = p.expect_failure("out-of-range get", |ep, c| ep.get_bcopy(200, addr, &rkey, c))?;
+    ensure!(matches!(e, UctError::OutOfRange { .. }), "out-of-range get gave: {e}");
+    Ok(())
+}
+
+fn read_only_region(p: &mut Pair) -> TestResult {
+    let remote = p.alloc(4096, Access::remote_read_only())?;
+    let data = pattern(4096, 7);
+    remote.write(0, &data).ctx("fill")?;
+    let rkey = p.rkey(&remote)?;
+    let addr = remote.addr();
+    let e = p.expect_failure("put to read-only", |ep, _| ep.put_bcopy(&[0u8; 32], addr, &rkey))?;
+    ensure!(matches!(e, UctError::AccessDenied { .. }), "write to a read-only region gave: {e}");
+    ensure!(remote.to_vec().ctx("read")? == data, "a refused put changed the region");
+    let c = Completion::new();
+    p.post_wait("get from read-only", &c, |ep, c| ep.get_bcopy(32, addr, &rkey, c))
+        .ctx("get from a read-only region must work")?;
+    Ok(())
+}
+
+fn wrong_secret(p: &mut Pair) -> TestResult {
+    use uct_core::region_table::SoftRkey;
+    let remote = p.alloc(4096, Access::all_rights())?;
+    let entry = p.resource.md.pack_rkey(&remote).ctx("pack")?;
+    let mut key: SoftRkey = uct_core::rkey::decode_payload(&entry.payload).ctx("decode")?;
+    key.secret ^= 0x5a5a;
+    let forged = uct_core::RkeyEntry {
+        payload: uct_core::rkey::encode_payload(&key).ctx("encode")?,
+        ..entry
+    };
+    let bytes = uct_core::RkeyBundle::single(forged).pack().ctx("pack")?;
+    let rkey = p.reg.unpack_rkey(&bytes, p.resource.md.name()).ctx("unpack")?;
+    let addr = remote.addr();
+    let e = p.expect_failure("put with forged secret", |ep, _| ep.put_bcopy(&[1u8; 8], addr, &rkey))?;
+    ensure!(matches!(e, UctError::BadSecret), "a forged secret gave: {e}");
+    ensure!(remote.to_vec().ctx("read")?.iter().all(|&b| b == 0), "forged put changed the region");
+    Ok(())
+}
+
+fn deregistered_region(p: &mut Pair) -> TestResult {
+    let remote = p.alloc(4096, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    let addr = remote.addr();
+    drop(remote);
+    let e = p.expect_failure("put to deregistered", |ep, _| ep.put_bcopy(&[1u8; 8], addr, &rkey))?;
+    ensure!(
+        matches!(e, UctError::NoSuchRegion { .. } | UctError::EndpointFailed(_)),
+        "access to a deregistered region gave: {e}"
+    );
+    Ok(())
+}
+
+fn wrong_memory_type(p: &mut Pair) -> TestResult {
+    if p.attrs().mem_types.contains(&MemoryType::Gaudi) {
+        return Ok(());
+    }
+    let remote = p.alloc(4096, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    let dev = fake_device_memory(MemoryType::Gaudi);
+    let addr = remote.addr();
+    let e = p.expect_failure("put from gaudi memory", |ep, c| {
+        ep.put_zcopy(&[Iov::new(&dev, 0, 64)], addr, &rkey, Some(c))
+    })?;
+    ensure!(
+        matches!(e, UctError::MemoryTypeUnsupported { mem_type: MemoryType::Gaudi, .. }),
+        "gaudi memory on a host-only transport gave: {e}"
+    );
+    ensure!(e.to_string().contains("gaudi"), "the error does not name the memory type: {e}");
+    Ok(())
+}
+
+fn misaligned_atomic(p: &mut Pair) -> TestResult {
+    let remote = p.alloc(64, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    let addr = remote.addr() + 3;
+    let e = p.expect_failure("misaligned atomic", |ep, _| {
+        ep.atomic_add(AtomicValue::U64(1), addr, &rkey)
+    })?;
+    ensure!(matches!(e, UctError::Misaligned { .. }), "misaligned atomic gave: {e}");
+    Ok(())
+}
+
+fn oversized_short(p: &mut Pair) -> TestResult {
+    let max = p.attrs().put.max_short;
+    let remote = p.alloc(max + 64, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    let data = vec![1u8; max + 1];
+    let e = p
+        .ep
+        .put_short(&data, remote.addr(), &rkey)
+        .err()
+        .ok_or("a put_short over max_short was accepted")?;
+    ensure!(matches!(e, UctError::InvalidParam(_)), "oversized put_short gave: {e}");
+    Ok(())
+}
+
+/// Closing the receiver makes operations fail with an error, without hangs.
+fn peer_closed(p: &mut Pair) -> TestResult {
+    drop(p.rx_ep.take());
+    drop(p.rx.take());
+    let c = Completion::new();
+    let r = p.post_wait("am to closed peer", &c, |ep, _| ep.am_bcopy(1, &[0u8; 8]));
+    let r = r.and_then(|_| p.flush());
+    ensure!(r.is_err(), "operations on an endpoint whose peer closed still succeed");
+    Ok(())
+}

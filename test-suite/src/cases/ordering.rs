@@ -1,0 +1,101 @@
+//! Flush, fence and back-pressure.
+
+use uct_core::{Access, Caps, Completion, Iov, Status};
+
+use super::{case, Case};
+use crate::ensure;
+use crate::pair::{count, inbox, pattern, Context, Pair, TestResult, WAIT};
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        case("flush_stream", Caps::PUT_ZCOPY.union(Caps::FLUSH), flush_stream),
+        case("fence", Caps::PUT_BCOPY.union(Caps::FENCE), fence),
+        case("back_pressure", Caps::AM_BCOPY, back_pressure),
+    ]
+}
+
+/// Many puts without waiting, then one flush: everything has landed.
+fn flush_stream(p: &mut Pair) -> TestResult {
+    let n = 64usize;
+    let piece = 4096usize;
+    let local = p.alloc(n * piece, Access::all_rights())?;
+    let remote = p.alloc(n * piece, Access::all_rights())?;
+    let data = pattern(n * piece, 2000);
+    local.write(0, &data).ctx("fill")?;
+    let rkey = p.rkey(&remote)?;
+    let comp = Completion::new();
+    let t0 = std::time::Instant::now();
+    for i in 0..n {
+        let iov = [Iov::new(&local, i * piece, piece)];
+        let addr = remote.addr() + (i * piece) as u64;
+        loop {
+            match p.ep.put_zcopy(&iov, addr, &rkey, Some(&comp)).ctx("put_zcopy")? {
+                Status::NoResource => {
+                    p.progress();
+                    ensure!(t0.elapsed() < WAIT, "no send resources for {WAIT:?}");
+                }
+                _ => break,
+            }
+        }
+    }
+    p.flush().ctx("flush")?;
+    let c = comp.clone();
+    p.progress_until("put completions", || c.is_complete())?;
+    comp.result().ctx("put completion")?;
+    ensure!(remote.to_vec().ctx("read")? == data, "data missing after flush");
+    Ok(())
+}
+
+/// A put after a fence is not overtaken by one before it.
+fn fence(p: &mut Pair) -> TestResult {
+    let remote = p.alloc(4096, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    for round in 0..50u64 {
+        let a = pattern(512, 3000 + round);
+        let b = pattern(512, 4000 + round);
+        let c = Completion::new();
+        p.post_wait("put a", &c, |ep, _| ep.put_bcopy(&a, remote.addr(), &rkey))
+            .ctx("put")?;
+        p.post_wait("fence", &c, |ep, _| ep.fence()).ctx("fence")?;
+        p.post_wait("put b", &c, |ep, _| ep.put_bcopy(&b, remote.addr(), &rkey))
+            .ctx("put")?;
+        p.flush().ctx("flush")?;
+        let mut got = vec![0u8; 512];
+        remote.read(0, &mut got).ctx("read")?;
+        ensure!(got == b, "round {round}: the put before the fence landed last");
+    }
+    Ok(())
+}
+
+/// Sending without letting the receiver progress ends in NoResource or is
+/// absorbed; either way, once the receiver progresses, every message
+/// arrives exactly once and in order.
+fn back_pressure(p: &mut Pair) -> TestResult {
+    let inbox = inbox(p, 2)?;
+    let total = 20_000u64;
+    let mut sent = 0u64;
+    let mut refusals = 0u64;
+    let t0 = std::time::Instant::now();
+    while sent < total {
+        match p.ep.am_bcopy(2, &sent.to_le_bytes()).ctx("am_bcopy")? {
+            Status::Done | Status::InProgress => sent += 1,
+            Status::NoResource => {
+                refusals += 1;
+                // Only now let the receiver drain.
+                p.progress();
+            }
+        }
+        ensure!(t0.elapsed() < WAIT, "sent {sent} of {total} in {WAIT:?}");
+    }
+    p.progress_until("all messages", || count(&inbox) as u64 == total)?;
+    let got = inbox.lock().unwrap_or_else(|e| e.into_inner());
+    for (i, (_, d)) in got.iter().enumerate() {
+        let seq = u64::from_le_bytes(d[..8].try_into().map_err(|_| "short message")?);
+        ensure!(seq == i as u64, "message {seq} arrived in position {i}");
+    }
+    log::info!(
+        "{}: back_pressure: {refusals} NoResource answers for {total} messages",
+        p.resource.tl.transport
+    );
+    Ok(())
+}

@@ -1,0 +1,208 @@
+//! Put and get at every size class, single buffers and iov lists.
+
+use uct_core::{Access, Caps, Completion, CompletionData, Iov};
+
+use super::{case, Case};
+use crate::ensure;
+use crate::pair::{pattern, Context, Pair, TestResult};
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        case("put_short", Caps::PUT_SHORT, put_short),
+        case("put_bcopy", Caps::PUT_BCOPY, put_bcopy),
+        case("put_zcopy", Caps::PUT_ZCOPY, put_zcopy),
+        case("put_zcopy_iov", Caps::PUT_ZCOPY, put_zcopy_iov),
+        case("get_short", Caps::GET_SHORT, get_short),
+        case("get_bcopy", Caps::GET_BCOPY, get_bcopy),
+        case("get_zcopy", Caps::GET_ZCOPY, get_zcopy),
+        case("get_zcopy_iov", Caps::GET_ZCOPY, get_zcopy_iov),
+    ]
+}
+
+/// Sizes to try up to `max`: 1, 8, a middle size and `max` itself.
+fn sizes(max: usize, cap: usize) -> Vec<usize> {
+    let max = max.min(cap);
+    let mut v = vec![1, 8, 61, 4096, max / 2 + 3, max];
+    v.retain(|&s| s >= 1 && s <= max);
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Remote offset that is not aligned, to catch alignment assumptions.
+const OFF: usize = 24 + 3;
+
+fn check_remote(p: &Pair, remote: &uct_core::MemHandle, at: usize, want: &[u8]) -> TestResult {
+    let mut got = vec![0u8; want.len()];
+    remote.read(at, &mut got).ctx("read target")?;
+    if got != want {
+        let first = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
+        return Err(format!(
+            "{} bytes at the target differ from what was sent (first difference at byte {first}) over {}",
+            want.len(),
+            p.resource.tl.transport
+        ));
+    }
+    Ok(())
+}
+
+fn put_short(p: &mut Pair) -> TestResult {
+    let max = p.attrs().put.max_short;
+    let remote = p.alloc(max + OFF, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    for (i, len) in sizes(max, usize::MAX).into_iter().enumerate() {
+        let data = pattern(len, i as u64);
+        let addr = remote.addr() + OFF as u64;
+        let c = Completion::new();
+        p.post_wait("put_short", &c, |ep, _| ep.put_short(&data, addr, &rkey))
+            .ctx("put_short")?;
+        p.flush().ctx("flush")?;
+        check_remote(p, &remote, OFF, &data)?;
+    }
+    Ok(())
+}
+
+fn put_bcopy(p: &mut Pair) -> TestResult {
+    let max = p.attrs().put.max_bcopy;
+    let remote = p.alloc(max + OFF, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    for (i, len) in sizes(max, 1 << 20).into_iter().enumerate() {
+        let data = pattern(len, 100 + i as u64);
+        let addr = remote.addr() + OFF as u64;
+        let c = Completion::new();
+        p.post_wait("put_bcopy", &c, |ep, _| ep.put_bcopy(&data, addr, &rkey))
+            .ctx("put_bcopy")?;
+        p.flush().ctx("flush")?;
+        check_remote(p, &remote, OFF, &data)?;
+    }
+    Ok(())
+}
+
+fn put_zcopy(p: &mut Pair) -> TestResult {
+    let max = p.attrs().put.max_zcopy.min(4 << 20);
+    let local = p.alloc(max, Access::all_rights())?;
+    let remote = p.alloc(max + OFF, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    for (i, len) in sizes(max, 4 << 20).into_iter().enumerate() {
+        let data = pattern(len, 200 + i as u64);
+        local.write(0, &data).ctx("fill local")?;
+        let addr = remote.addr() + OFF as u64;
+        let c = Completion::new();
+        p.post_wait("put_zcopy", &c, |ep, c| {
+            ep.put_zcopy(&[Iov::new(&local, 0, len)], addr, &rkey, Some(c))
+        })
+        .ctx("put_zcopy")?;
+        p.flush().ctx("flush")?;
+        check_remote(p, &remote, OFF, &data)?;
+    }
+    Ok(())
+}
+
+/// Pieces of different handles and offsets gathered into one remote range.
+fn put_zcopy_iov(p: &mut Pair) -> TestResult {
+    let n = p.attrs().put.max_iov.clamp(1, 4);
+    let piece = 1000;
+    let locals: Vec<_> = (0..n)
+        .map(|_| p.alloc(piece + 7, Access::all_rights()))
+        .collect::<Result<_, _>>()?;
+    let mut want = Vec::new();
+    for (i, l) in locals.iter().enumerate() {
+        let d = pattern(piece, 300 + i as u64);
+        l.write(7, &d).ctx("fill local")?;
+        want.extend_from_slice(&d);
+    }
+    let remote = p.alloc(want.len() + OFF, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 7, piece)).collect();
+    let addr = remote.addr() + OFF as u64;
+    let c = Completion::new();
+    p.post_wait("put_zcopy iov", &c, |ep, c| ep.put_zcopy(&iov, addr, &rkey, Some(c)))
+        .ctx("put_zcopy")?;
+    p.flush().ctx("flush")?;
+    check_remote(p, &remote, OFF, &want)
+}
+
+fn get_short(p: &mut Pair) -> TestResult {
+    let max = p.attrs().get.max_short;
+    let remote = p.alloc(max + OFF, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    for (i, len) in sizes(max, usize::MAX).into_iter().enumerate() {
+        let data = pattern(len, 400 + i as u64);
+        remote.write(OFF, &data).ctx("fill target")?;
+        let mut buf = vec![0u8; len];
+        let addr = remote.addr() + OFF as u64;
+        let c = Completion::new();
+        p.post_wait("get_short", &c, |ep, _| ep.get_short(&mut buf, addr, &rkey))
+            .ctx("get_short")?;
+        ensure!(buf == data, "get_short of {len} bytes returned other bytes");
+    }
+    Ok(())
+}
+
+fn get_bcopy(p: &mut Pair) -> TestResult {
+    let max = p.attrs().get.max_bcopy;
+    let remote = p.alloc(max + OFF, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    for (i, len) in sizes(max, 1 << 20).into_iter().enumerate() {
+        let data = pattern(len, 500 + i as u64);
+        remote.write(OFF, &data).ctx("fill target")?;
+        let addr = remote.addr() + OFF as u64;
+        let c = Completion::new();
+        p.post_wait("get_bcopy", &c, |ep, c| ep.get_bcopy(len, addr, &rkey, c))
+            .ctx("get_bcopy")?;
+        match c.take_data() {
+            Some(CompletionData::Bytes(b)) => {
+                ensure!(b == data, "get_bcopy of {len} bytes returned other bytes")
+            }
+            other => return Err(format!("get_bcopy delivered {other:?}, not bytes")),
+        }
+    }
+    Ok(())
+}
+
+fn get_zcopy(p: &mut Pair) -> TestResult {
+    let max = p.attrs().get.max_zcopy.min(4 << 20);
+    let local = p.alloc(max, Access::all_rights())?;
+    let remote = p.alloc(max + OFF, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    for (i, len) in sizes(max, 4 << 20).into_iter().enumerate() {
+        let data = pattern(len, 600 + i as u64);
+        remote.write(OFF, &data).ctx("fill target")?;
+        let addr = remote.addr() + OFF as u64;
+        let c = Completion::new();
+        p.post_wait("get_zcopy", &c, |ep, c| {
+            ep.get_zcopy(&[Iov::new(&local, 0, len)], addr, &rkey, Some(c))
+        })
+        .ctx("get_zcopy")?;
+        let mut got = vec![0u8; len];
+        local.read(0, &mut got).ctx("read local")?;
+        ensure!(got == data, "get_zcopy of {len} bytes returned other bytes");
+    }
+    Ok(())
+}
+
+fn get_zcopy_iov(p: &mut Pair) -> TestResult {
+    let n = p.attrs().get.max_iov.clamp(1, 4);
+    let piece = 777;
+    let remote = p.alloc(n * piece + OFF, Access::all_rights())?;
+    let data = pattern(n * piece, 700);
+    remote.write(OFF, &data).ctx("fill target")?;
+    let rkey = p.rkey(&remote)?;
+    let locals: Vec<_> = (0..n)
+        .map(|_| p.alloc(piece + 5, Access::all_rights()))
+        .collect::<Result<_, _>>()?;
+    let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 5, piece)).collect();
+    let addr = remote.addr() + OFF as u64;
+    let c = Completion::new();
+    p.post_wait("get_zcopy iov", &c, |ep, c| ep.get_zcopy(&iov, addr, &rkey, Some(c)))
+        .ctx("get_zcopy")?;
+    for (i, l) in locals.iter().enumerate() {
+        let mut got = vec![0u8; piece];
+        l.read(5, &mut got).ctx("read local")?;
+        ensure!(
+            got == data[i * piece..(i + 1) * piece],
+            "iov piece {i} of get_zcopy holds other bytes"
+        );
+    }
+    Ok(())
+}
