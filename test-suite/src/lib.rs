@@ -3,6 +3,7 @@
 //! by name, with the reason.
 
 pub mod cases;
+pub mod modules;
 pub mod pair;
 
 pub use cases::{all as all_cases, not_applicable, Case};

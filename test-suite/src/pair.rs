@@ -76,7 +76,10 @@ impl Pair {
         } else {
             let mut a = tx.create_ep(EpParams::Unconnected).ctx("create endpoint")?;
             let mut b = rx.create_ep(EpParams::Unconnected).ctx("create endpoint")?;
-            let (aa, ba) = (a.ep_address().ctx("ep address")?, b.ep_address().ctx("ep address")?);
+            let (aa, ba) = (
+                a.ep_address().ctx("ep address")?,
+                b.ep_address().ctx("ep address")?,
+            );
             a.connect_to_ep(&rx.device_address(), &ba).ctx("connect")?;
             b.connect_to_ep(&tx.device_address(), &aa).ctx("connect")?;
             (a, Some(b))
@@ -177,7 +180,9 @@ impl Pair {
                 Status::NoResource => {
                     self.progress();
                     if t0.elapsed() > WAIT {
-                        return Err(UctError::Timeout(format!("{what}: NoResource for {WAIT:?}")));
+                        return Err(UctError::Timeout(format!(
+                            "{what}: NoResource for {WAIT:?}"
+                        )));
                     }
                 }
             }
@@ -217,7 +222,14 @@ pub fn fake_device_memory(mem_type: MemoryType) -> MemHandle {
             self
         }
     }
-    MemRegion::new(0x1000_0000, 4096, mem_type, Access::all(), "fake-device", Box::new(NoBacking))
+    MemRegion::new(
+        0x1000_0000,
+        4096,
+        mem_type,
+        Access::all(),
+        "fake-device",
+        Box::new(NoBacking),
+    )
 }
 
 /// Collects what an active-message handler receives.

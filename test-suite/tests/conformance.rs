@@ -44,9 +44,20 @@ fn main() {
     println!("conformance: transports found: {}", {
         let names: Vec<String> = resources
             .iter()
-            .map(|r| format!("{} ({}/{})", r.tl.transport, r.component.name(), r.tl.device))
+            .map(|r| {
+                format!(
+                    "{} ({}/{})",
+                    r.tl.transport,
+                    r.component.name(),
+                    r.tl.device
+                )
+            })
             .collect();
-        if names.is_empty() { "none".into() } else { names.join(", ") }
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(", ")
+        }
     });
     let mut trials = Vec::new();
     let mut skipped = Vec::new();
@@ -77,7 +88,12 @@ fn main() {
             let name = format!("{tl}::{}", case.name);
             if let Some(why) = not_applicable(&case, caps, soft) {
                 println!("conformance: {name} not applicable: {why}");
-                tally.lock().unwrap().entry(tl.clone()).or_default().not_applicable += 1;
+                tally
+                    .lock()
+                    .unwrap()
+                    .entry(tl.clone())
+                    .or_default()
+                    .not_applicable += 1;
                 trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
                 continue;
             }
@@ -110,7 +126,10 @@ fn main() {
         );
     }
     for tl in &skipped {
-        println!("conformance: transport {tl}: skipped ({})", reg.explain_absent(tl));
+        println!(
+            "conformance: transport {tl}: skipped ({})",
+            reg.explain_absent(tl)
+        );
     }
     conclusion.exit();
 }

@@ -64,26 +64,56 @@ pub fn fingerprint() -> &'static str {
     FINGERPRINT.trim_end_matches('\0')
 }
 
-/// What the host hands a module at init.
+/// What the host hands a module at init: its logging entry points, so the
+/// module's records go to whatever logger the host has, now or later.
 pub struct ModuleHost {
-    pub logger: &'static dyn log::Log,
-    pub max_level: log::LevelFilter,
+    pub logger: fn() -> &'static dyn log::Log,
+    pub max_level: fn() -> log::LevelFilter,
 }
 
 impl ModuleHost {
-    /// The host's logger and level.
+    /// The host's logging entry points.
     pub fn current() -> Self {
         ModuleHost {
-            logger: log::logger(),
-            max_level: log::max_level(),
+            logger: log::logger,
+            max_level: log::max_level,
         }
     }
 
     /// Module side: sends this copy of `log`'s records to the host logger.
     pub fn install_logger(&self) {
+        let fwd = HOST_LOG.get_or_init(|| HostLog {
+            logger: self.logger,
+            max_level: self.max_level,
+        });
         // Fails only if the module already set one; keep that one.
-        let _ = log::set_logger(self.logger);
-        log::set_max_level(self.max_level);
+        let _ = log::set_logger(fwd);
+        // The host's level is checked per record; let every record reach it.
+        log::set_max_level(log::LevelFilter::Trace);
+    }
+}
+
+/// The module's logger: forwards to the host's current logger and level.
+struct HostLog {
+    logger: fn() -> &'static dyn log::Log,
+    max_level: fn() -> log::LevelFilter,
+}
+
+static HOST_LOG: std::sync::OnceLock<HostLog> = std::sync::OnceLock::new();
+
+impl log::Log for HostLog {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= (self.max_level)() && (self.logger)().enabled(m)
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        if r.level() <= (self.max_level)() {
+            (self.logger)().log(r);
+        }
+    }
+
+    fn flush(&self) {
+        (self.logger)().flush();
     }
 }
 

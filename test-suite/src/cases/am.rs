@@ -22,9 +22,15 @@ fn take(inbox: &Inbox) -> Vec<(u8, Vec<u8>)> {
 
 fn am_short(p: &mut Pair) -> TestResult {
     let max = p.attrs().am.max_short;
-    ensure!(max >= 8, "am max_short {max} leaves no room for the 8-byte header");
+    ensure!(
+        max >= 8,
+        "am max_short {max} leaves no room for the 8-byte header"
+    );
     let inbox = inbox(p, 3)?;
-    for (i, len) in [0usize, 1, 8, (max - 8) / 2, max - 8].into_iter().enumerate() {
+    for (i, len) in [0usize, 1, 8, (max - 8) / 2, max - 8]
+        .into_iter()
+        .enumerate()
+    {
         let payload = pattern(len, 1000 + i as u64);
         let header = 0x1122_3344_5566_7700u64 + i as u64;
         let c = Completion::new();
@@ -33,9 +39,19 @@ fn am_short(p: &mut Pair) -> TestResult {
         p.progress_until("am_short delivery", || count(&inbox) == 1)?;
         let (id, data) = take(&inbox).remove(0);
         ensure!(id == 3, "message arrived with id {id}, sent with 3");
-        ensure!(data.len() == 8 + len, "received {} bytes, sent 8 + {len}", data.len());
-        ensure!(data[..8] == header.to_le_bytes(), "header changed in transit");
-        ensure!(data[8..] == payload[..], "payload of {len} bytes changed in transit");
+        ensure!(
+            data.len() == 8 + len,
+            "received {} bytes, sent 8 + {len}",
+            data.len()
+        );
+        ensure!(
+            data[..8] == header.to_le_bytes(),
+            "header changed in transit"
+        );
+        ensure!(
+            data[8..] == payload[..],
+            "payload of {len} bytes changed in transit"
+        );
     }
     Ok(())
 }
@@ -50,7 +66,11 @@ fn am_bcopy(p: &mut Pair) -> TestResult {
             .ctx("am_bcopy")?;
         p.progress_until("am_bcopy delivery", || count(&inbox) == 1)?;
         let (_, got) = take(&inbox).remove(0);
-        ensure!(got == data, "am_bcopy of {len} bytes arrived changed ({} bytes)", got.len());
+        ensure!(
+            got == data,
+            "am_bcopy of {len} bytes arrived changed ({} bytes)",
+            got.len()
+        );
     }
     Ok(())
 }
@@ -72,11 +92,18 @@ fn am_zcopy(p: &mut Pair) -> TestResult {
     }
     let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 3, piece)).collect();
     let c = Completion::new();
-    p.post_wait("am_zcopy", &c, |ep, c| ep.am_zcopy(7, &header, &iov, Some(c)))
-        .ctx("am_zcopy")?;
+    p.post_wait("am_zcopy", &c, |ep, c| {
+        ep.am_zcopy(7, &header, &iov, Some(c))
+    })
+    .ctx("am_zcopy")?;
     p.progress_until("am_zcopy delivery", || count(&inbox) == 1)?;
     let (_, got) = take(&inbox).remove(0);
-    ensure!(got == want, "am_zcopy of {} bytes arrived changed ({} bytes)", want.len(), got.len());
+    ensure!(
+        got == want,
+        "am_zcopy of {} bytes arrived changed ({} bytes)",
+        want.len(),
+        got.len()
+    );
     Ok(())
 }
 
@@ -100,16 +127,24 @@ fn am_order(p: &mut Pair) -> TestResult {
 /// Each id reaches its own handler.
 fn am_ids(p: &mut Pair) -> TestResult {
     let ids = [0u8, 9, 31];
-    let boxes: Vec<Inbox> = ids.iter().map(|&id| inbox(p, id)).collect::<Result<_, _>>()?;
+    let boxes: Vec<Inbox> = ids
+        .iter()
+        .map(|&id| inbox(p, id))
+        .collect::<Result<_, _>>()?;
     for &id in &ids {
         let c = Completion::new();
         p.post_wait("am_bcopy", &c, |ep, _| ep.am_bcopy(id, &[id; 16]))
             .ctx("am_bcopy")?;
     }
-    p.progress_until("messages on every id", || boxes.iter().all(|b| count(b) == 1))?;
+    p.progress_until("messages on every id", || {
+        boxes.iter().all(|b| count(b) == 1)
+    })?;
     for (b, &id) in boxes.iter().zip(&ids) {
         let (got_id, data) = take(b).remove(0);
-        ensure!(got_id == id && data == [id; 16], "handler of id {id} got id {got_id}");
+        ensure!(
+            got_id == id && data == [id; 16],
+            "handler of id {id} got id {got_id}"
+        );
     }
     Ok(())
 }

@@ -29,9 +29,12 @@ fn read(remote: &uct_core::MemHandle, at: usize, width: usize) -> Result<u64, St
 
 fn fetch(p: &mut Pair, op: FetchOp, addr: u64, rkey: &uct_core::RemoteKey) -> Result<u64, String> {
     let c = Completion::new();
-    p.post_wait("atomic fetch", &c, |ep, c| ep.atomic_fetch(op, addr, rkey, c))
-        .ctx("atomic")?;
-    c.value().ok_or_else(|| "fetching atomic returned no value".to_string())
+    p.post_wait("atomic fetch", &c, |ep, c| {
+        ep.atomic_fetch(op, addr, rkey, c)
+    })
+    .ctx("atomic")?;
+    c.value()
+        .ok_or_else(|| "fetching atomic returned no value".to_string())
 }
 
 fn atomics(p: &mut Pair, w: usize) -> TestResult {
@@ -44,14 +47,22 @@ fn atomics(p: &mut Pair, w: usize) -> TestResult {
     remote.write(at, &start.to_le_bytes()[..w]).ctx("init")?;
 
     let c = Completion::new();
-    p.post_wait("atomic add", &c, |ep, _| ep.atomic_add(val(w, 10), addr, &rkey))
-        .ctx("atomic add")?;
+    p.post_wait("atomic add", &c, |ep, _| {
+        ep.atomic_add(val(w, 10), addr, &rkey)
+    })
+    .ctx("atomic add")?;
     p.flush().ctx("flush")?;
-    ensure!(read(&remote, at, w)? == (start + 10) & mask, "add: target holds the wrong sum");
+    ensure!(
+        read(&remote, at, w)? == (start + 10) & mask,
+        "add: target holds the wrong sum"
+    );
 
     let old = fetch(p, FetchOp::Add(val(w, 7)), addr, &rkey)?;
     ensure!(old == (start + 10) & mask, "fetch-add returned {old:#x}");
-    ensure!(read(&remote, at, w)? == (start + 17) & mask, "fetch-add: wrong sum");
+    ensure!(
+        read(&remote, at, w)? == (start + 17) & mask,
+        "fetch-add: wrong sum"
+    );
 
     // Wrap-around stays within the width.
     let old = fetch(p, FetchOp::Swap(val(w, mask)), addr, &rkey)?;
@@ -61,18 +72,36 @@ fn atomics(p: &mut Pair, w: usize) -> TestResult {
     ensure!(read(&remote, at, w)? == 1, "add did not wrap at {w} bytes");
 
     // Compare-and-swap: a miss leaves the target alone, a hit replaces it.
-    let miss = FetchOp::CompareSwap { compare: val(w, 99), swap: val(w, 55) };
-    ensure!(fetch(p, miss, addr, &rkey)? == 1, "failed cswap returned the wrong old value");
-    ensure!(read(&remote, at, w)? == 1, "failed cswap changed the target");
-    let hit = FetchOp::CompareSwap { compare: val(w, 1), swap: val(w, 55) };
-    ensure!(fetch(p, hit, addr, &rkey)? == 1, "cswap returned the wrong old value");
+    let miss = FetchOp::CompareSwap {
+        compare: val(w, 99),
+        swap: val(w, 55),
+    };
+    ensure!(
+        fetch(p, miss, addr, &rkey)? == 1,
+        "failed cswap returned the wrong old value"
+    );
+    ensure!(
+        read(&remote, at, w)? == 1,
+        "failed cswap changed the target"
+    );
+    let hit = FetchOp::CompareSwap {
+        compare: val(w, 1),
+        swap: val(w, 55),
+    };
+    ensure!(
+        fetch(p, hit, addr, &rkey)? == 1,
+        "cswap returned the wrong old value"
+    );
     ensure!(read(&remote, at, w)? == 55, "cswap did not store");
 
     // Neighbouring bytes are untouched.
     let mut around = [0u8; 64];
     remote.read(0, &mut around).ctx("read")?;
     ensure!(
-        around[..at].iter().chain(&around[at + w..]).all(|&b| b == 0),
+        around[..at]
+            .iter()
+            .chain(&around[at + w..])
+            .all(|&b| b == 0),
         "atomic wrote outside its {w} bytes"
     );
     Ok(())

@@ -14,7 +14,11 @@ pub fn cases() -> Vec<Case> {
         case("bad_rkey_bytes", Caps::empty(), bad_rkey_bytes),
         case("out_of_range_put", Caps::PUT_BCOPY, out_of_range_put),
         case("out_of_range_get", Caps::GET_BCOPY, out_of_range_get),
-        case("read_only_region", Caps::PUT_BCOPY.union(Caps::GET_BCOPY), read_only_region),
+        case(
+            "read_only_region",
+            Caps::PUT_BCOPY.union(Caps::GET_BCOPY),
+            read_only_region,
+        ),
         case("deregistered_region", Caps::PUT_BCOPY, deregistered_region),
         case("wrong_memory_type", Caps::PUT_ZCOPY, wrong_memory_type),
         case("misaligned_atomic", Caps::ATOMIC64, misaligned_atomic),
@@ -46,7 +50,10 @@ fn bad_rkey_bytes(p: &mut Pair) -> TestResult {
         let _ = p.reg.unpack_rkey(&b, &md);
     }
     let e = p.reg.unpack_rkey(&good[..good.len() / 2], &md).err();
-    ensure!(matches!(e, Some(UctError::BadRkey(_))), "half an rkey gave {e:?}, not BadRkey");
+    ensure!(
+        matches!(e, Some(UctError::BadRkey(_))),
+        "half an rkey gave {e:?}, not BadRkey"
+    );
     let e = p.reg.unpack_rkey(&good, "no-such-md").err();
     ensure!(
         matches!(e, Some(UctError::RkeyMismatch { .. })),
@@ -59,11 +66,21 @@ fn out_of_range_put(p: &mut Pair) -> TestResult {
     let remote = p.alloc(4096, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
     let data = pattern(64, 1);
-    for addr in [remote.addr() + 4096 - 32, remote.addr() - 64, remote.addr() + (1 << 40)] {
+    for addr in [
+        remote.addr() + 4096 - 32,
+        remote.addr() - 64,
+        remote.addr() + (1 << 40),
+    ] {
         let e = p.expect_failure("out-of-range put", |ep, _| ep.put_bcopy(&data, addr, &rkey))?;
-        ensure!(matches!(e, UctError::OutOfRange { .. }), "out-of-range put gave: {e}");
+        ensure!(
+            matches!(e, UctError::OutOfRange { .. }),
+            "out-of-range put gave: {e}"
+        );
     }
-    ensure!(remote.to_vec().ctx("read")?.iter().all(|&b| b == 0), "a refused put changed the region");
+    ensure!(
+        remote.to_vec().ctx("read")?.iter().all(|&b| b == 0),
+        "a refused put changed the region"
+    );
     Ok(())
 }
 
@@ -71,8 +88,13 @@ fn out_of_range_get(p: &mut Pair) -> TestResult {
     let remote = p.alloc(4096, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
     let addr = remote.addr() + 4000;
-    let e = p.expect_failure("out-of-range get", |ep, c| ep.get_bcopy(200, addr, &rkey, c))?;
-    ensure!(matches!(e, UctError::OutOfRange { .. }), "out-of-range get gave: {e}");
+    let e = p.expect_failure("out-of-range get", |ep, c| {
+        ep.get_bcopy(200, addr, &rkey, c)
+    })?;
+    ensure!(
+        matches!(e, UctError::OutOfRange { .. }),
+        "out-of-range get gave: {e}"
+    );
     Ok(())
 }
 
@@ -82,12 +104,22 @@ fn read_only_region(p: &mut Pair) -> TestResult {
     remote.write(0, &data).ctx("fill")?;
     let rkey = p.rkey(&remote)?;
     let addr = remote.addr();
-    let e = p.expect_failure("put to read-only", |ep, _| ep.put_bcopy(&[0u8; 32], addr, &rkey))?;
-    ensure!(matches!(e, UctError::AccessDenied { .. }), "write to a read-only region gave: {e}");
-    ensure!(remote.to_vec().ctx("read")? == data, "a refused put changed the region");
+    let e = p.expect_failure("put to read-only", |ep, _| {
+        ep.put_bcopy(&[0u8; 32], addr, &rkey)
+    })?;
+    ensure!(
+        matches!(e, UctError::AccessDenied { .. }),
+        "write to a read-only region gave: {e}"
+    );
+    ensure!(
+        remote.to_vec().ctx("read")? == data,
+        "a refused put changed the region"
+    );
     let c = Completion::new();
-    p.post_wait("get from read-only", &c, |ep, c| ep.get_bcopy(32, addr, &rkey, c))
-        .ctx("get from a read-only region must work")?;
+    p.post_wait("get from read-only", &c, |ep, c| {
+        ep.get_bcopy(32, addr, &rkey, c)
+    })
+    .ctx("get from a read-only region must work")?;
     Ok(())
 }
 
@@ -102,11 +134,22 @@ fn wrong_secret(p: &mut Pair) -> TestResult {
         ..entry
     };
     let bytes = uct_core::RkeyBundle::single(forged).pack().ctx("pack")?;
-    let rkey = p.reg.unpack_rkey(&bytes, p.resource.md.name()).ctx("unpack")?;
+    let rkey = p
+        .reg
+        .unpack_rkey(&bytes, p.resource.md.name())
+        .ctx("unpack")?;
     let addr = remote.addr();
-    let e = p.expect_failure("put with forged secret", |ep, _| ep.put_bcopy(&[1u8; 8], addr, &rkey))?;
-    ensure!(matches!(e, UctError::BadSecret), "a forged secret gave: {e}");
-    ensure!(remote.to_vec().ctx("read")?.iter().all(|&b| b == 0), "forged put changed the region");
+    let e = p.expect_failure("put with forged secret", |ep, _| {
+        ep.put_bcopy(&[1u8; 8], addr, &rkey)
+    })?;
+    ensure!(
+        matches!(e, UctError::BadSecret),
+        "a forged secret gave: {e}"
+    );
+    ensure!(
+        remote.to_vec().ctx("read")?.iter().all(|&b| b == 0),
+        "forged put changed the region"
+    );
     Ok(())
 }
 
@@ -115,9 +158,14 @@ fn deregistered_region(p: &mut Pair) -> TestResult {
     let rkey = p.rkey(&remote)?;
     let addr = remote.addr();
     drop(remote);
-    let e = p.expect_failure("put to deregistered", |ep, _| ep.put_bcopy(&[1u8; 8], addr, &rkey))?;
+    let e = p.expect_failure("put to deregistered", |ep, _| {
+        ep.put_bcopy(&[1u8; 8], addr, &rkey)
+    })?;
     ensure!(
-        matches!(e, UctError::NoSuchRegion { .. } | UctError::EndpointFailed(_)),
+        matches!(
+            e,
+            UctError::NoSuchRegion { .. } | UctError::EndpointFailed(_)
+        ),
         "access to a deregistered region gave: {e}"
     );
     Ok(())
@@ -135,10 +183,19 @@ fn wrong_memory_type(p: &mut Pair) -> TestResult {
         ep.put_zcopy(&[Iov::new(&dev, 0, 64)], addr, &rkey, Some(c))
     })?;
     ensure!(
-        matches!(e, UctError::MemoryTypeUnsupported { mem_type: MemoryType::Gaudi, .. }),
+        matches!(
+            e,
+            UctError::MemoryTypeUnsupported {
+                mem_type: MemoryType::Gaudi,
+                ..
+            }
+        ),
         "gaudi memory on a host-only transport gave: {e}"
     );
-    ensure!(e.to_string().contains("gaudi"), "the error does not name the memory type: {e}");
+    ensure!(
+        e.to_string().contains("gaudi"),
+        "the error does not name the memory type: {e}"
+    );
     Ok(())
 }
 
@@ -149,7 +206,10 @@ fn misaligned_atomic(p: &mut Pair) -> TestResult {
     let e = p.expect_failure("misaligned atomic", |ep, _| {
         ep.atomic_add(AtomicValue::U64(1), addr, &rkey)
     })?;
-    ensure!(matches!(e, UctError::Misaligned { .. }), "misaligned atomic gave: {e}");
+    ensure!(
+        matches!(e, UctError::Misaligned { .. }),
+        "misaligned atomic gave: {e}"
+    );
     Ok(())
 }
 
@@ -158,12 +218,14 @@ fn oversized_short(p: &mut Pair) -> TestResult {
     let remote = p.alloc(max + 64, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
     let data = vec![1u8; max + 1];
-    let e = p
-        .ep
-        .put_short(&data, remote.addr(), &rkey)
-        .err()
-        .ok_or("a put_short over max_short was accepted")?;
-    ensure!(matches!(e, UctError::InvalidParam(_)), "oversized put_short gave: {e}");
+    let e =
+        p.ep.put_short(&data, remote.addr(), &rkey)
+            .err()
+            .ok_or("a put_short over max_short was accepted")?;
+    ensure!(
+        matches!(e, UctError::InvalidParam(_)),
+        "oversized put_short gave: {e}"
+    );
     Ok(())
 }
 
@@ -174,6 +236,9 @@ fn peer_closed(p: &mut Pair) -> TestResult {
     let c = Completion::new();
     let r = p.post_wait("am to closed peer", &c, |ep, _| ep.am_bcopy(1, &[0u8; 8]));
     let r = r.and_then(|_| p.flush());
-    ensure!(r.is_err(), "operations on an endpoint whose peer closed still succeed");
+    ensure!(
+        r.is_err(),
+        "operations on an endpoint whose peer closed still succeed"
+    );
     Ok(())
 }

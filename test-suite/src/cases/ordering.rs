@@ -8,7 +8,11 @@ use crate::pair::{count, inbox, pattern, Context, Pair, TestResult, WAIT};
 
 pub fn cases() -> Vec<Case> {
     vec![
-        case("flush_stream", Caps::PUT_ZCOPY.union(Caps::FLUSH), flush_stream),
+        case(
+            "flush_stream",
+            Caps::PUT_ZCOPY.union(Caps::FLUSH),
+            flush_stream,
+        ),
         case("fence", Caps::PUT_BCOPY.union(Caps::FENCE), fence),
         case("back_pressure", Caps::AM_BCOPY, back_pressure),
     ]
@@ -29,7 +33,11 @@ fn flush_stream(p: &mut Pair) -> TestResult {
         let iov = [Iov::new(&local, i * piece, piece)];
         let addr = remote.addr() + (i * piece) as u64;
         loop {
-            match p.ep.put_zcopy(&iov, addr, &rkey, Some(&comp)).ctx("put_zcopy")? {
+            match p
+                .ep
+                .put_zcopy(&iov, addr, &rkey, Some(&comp))
+                .ctx("put_zcopy")?
+            {
                 Status::NoResource => {
                     p.progress();
                     ensure!(t0.elapsed() < WAIT, "no send resources for {WAIT:?}");
@@ -42,7 +50,10 @@ fn flush_stream(p: &mut Pair) -> TestResult {
     let c = comp.clone();
     p.progress_until("put completions", || c.is_complete())?;
     comp.result().ctx("put completion")?;
-    ensure!(remote.to_vec().ctx("read")? == data, "data missing after flush");
+    ensure!(
+        remote.to_vec().ctx("read")? == data,
+        "data missing after flush"
+    );
     Ok(())
 }
 
@@ -62,7 +73,10 @@ fn fence(p: &mut Pair) -> TestResult {
         p.flush().ctx("flush")?;
         let mut got = vec![0u8; 512];
         remote.read(0, &mut got).ctx("read")?;
-        ensure!(got == b, "round {round}: the put before the fence landed last");
+        ensure!(
+            got == b,
+            "round {round}: the put before the fence landed last"
+        );
     }
     Ok(())
 }

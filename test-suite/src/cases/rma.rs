@@ -116,8 +116,10 @@ fn put_zcopy_iov(p: &mut Pair) -> TestResult {
     let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 7, piece)).collect();
     let addr = remote.addr() + OFF as u64;
     let c = Completion::new();
-    p.post_wait("put_zcopy iov", &c, |ep, c| ep.put_zcopy(&iov, addr, &rkey, Some(c)))
-        .ctx("put_zcopy")?;
+    p.post_wait("put_zcopy iov", &c, |ep, c| {
+        ep.put_zcopy(&iov, addr, &rkey, Some(c))
+    })
+    .ctx("put_zcopy")?;
     p.flush().ctx("flush")?;
     check_remote(p, &remote, OFF, &want)
 }
@@ -194,8 +196,10 @@ fn get_zcopy_iov(p: &mut Pair) -> TestResult {
     let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 5, piece)).collect();
     let addr = remote.addr() + OFF as u64;
     let c = Completion::new();
-    p.post_wait("get_zcopy iov", &c, |ep, c| ep.get_zcopy(&iov, addr, &rkey, Some(c)))
-        .ctx("get_zcopy")?;
+    p.post_wait("get_zcopy iov", &c, |ep, c| {
+        ep.get_zcopy(&iov, addr, &rkey, Some(c))
+    })
+    .ctx("get_zcopy")?;
     for (i, l) in locals.iter().enumerate() {
         let mut got = vec![0u8; piece];
         l.read(5, &mut got).ctx("read local")?;

@@ -1,0 +1,165 @@
+//! transport-info as a user runs it.
+
+use std::process::{Command, Output};
+
+use test_suite::modules::{build_c_module, example_module_dir, scratch_dir};
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_transport-info"));
+    cmd.args(args);
+    // Start from a clean UCT_* environment.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("UCT_") {
+            cmd.env_remove(k);
+        }
+    }
+    let dir = example_module_dir().expect("libuct_example.so is built with the tests");
+    cmd.env("UCT_MODULE_DIR", dir);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run transport-info")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn all_shows_self_and_the_loaded_example_module() {
+    let o = run(&["-a"], &[]);
+    assert!(o.status.success());
+    let s = stdout(&o);
+    assert!(s.contains("# Memory domain: self"), "{s}");
+    assert!(s.contains("#      Transport: self"), "{s}");
+    assert!(s.contains("put_zcopy:"), "{s}");
+    assert!(
+        s.contains("atomics: add, fetch-add, swap, compare-swap (32-bit, 64-bit)"),
+        "{s}"
+    );
+    let line = s
+        .lines()
+        .find(|l| l.starts_with("# module example"))
+        .unwrap_or_else(|| panic!("no example module line in:\n{s}"));
+    assert!(
+        line.contains("loaded") && line.contains("libuct_example.so"),
+        "{line}"
+    );
+    assert!(s.contains("#      Transport: loop"), "{s}");
+}
+
+#[test]
+fn excluded_module_is_listed_as_not_loaded() {
+    let s = stdout(&run(&["-a"], &[("UCT_MODULES", "^example")]));
+    let line = s
+        .lines()
+        .find(|l| l.starts_with("# module example"))
+        .expect("module line");
+    assert!(line.contains("not loaded"), "{line}");
+    assert!(
+        s.contains("reason: excluded by UCT_MODULES=^example"),
+        "{s}"
+    );
+    assert!(!s.contains("Transport: loop"), "{s}");
+}
+
+#[test]
+fn wrong_fingerprint_module_is_listed_as_refused() {
+    let dir = scratch_dir("ti-fingerprint");
+    build_c_module("wrong_fingerprint.c", &dir.join("libuct_oldabi.so"), &[]).unwrap();
+    let example = example_module_dir().unwrap();
+    let path = format!("{}:{}", dir.display(), example.display());
+    let o = run(&["-a"], &[("UCT_MODULE_DIR", &path)]);
+    assert!(o.status.success());
+    let s = stdout(&o);
+    let line = s
+        .lines()
+        .find(|l| l.starts_with("# module oldabi"))
+        .expect("oldabi line");
+    assert!(line.contains("refused"), "{line}");
+    assert!(s.contains("reason: wrong ABI fingerprint"), "{s}");
+    // The good module and the built-ins are unaffected.
+    assert!(s
+        .lines()
+        .any(|l| l.starts_with("# module example") && l.contains("loaded")));
+}
+
+#[test]
+fn config_lists_every_variable_with_its_value() {
+    let o = run(&["-c"], &[("UCT_TLS", "^tcp")]);
+    let s = stdout(&o);
+    for var in [
+        "UCT_TLS=^tcp",
+        "UCT_MODULES=all",
+        "UCT_LOG_LEVEL=warn",
+        "UCT_NET_DEVICES=all",
+        "UCT_BOOTSTRAP_TIMEOUT=30s",
+    ] {
+        assert!(s.lines().any(|l| l == var), "{var} missing from:\n{s}");
+    }
+    assert!(s.lines().any(|l| l.starts_with("UCT_MODULE_DIR=")));
+    let full = stdout(&run(&["-c", "-f"], &[]));
+    assert!(full.contains("# Transports to use"), "{full}");
+    assert!(full.contains("# default: all; owner: core"), "{full}");
+}
+
+#[test]
+fn misspelt_variable_warns_with_the_closest_name() {
+    let o = run(&["-d"], &[("UCT_TSL", "x")]);
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("UCT_TSL") && err.contains("did you mean UCT_TLS?"),
+        "stderr: {err}"
+    );
+}
+
+#[test]
+fn tls_allow_list_filters_transports() {
+    let s = stdout(&run(&["-d"], &[("UCT_TLS", "^self")]));
+    assert!(!s.contains("Transport: self"), "{s}");
+    assert!(s.contains("Transport: loop"), "{s}");
+    assert!(s.contains("self: excluded by UCT_TLS=^self"), "{s}");
+}
+
+#[test]
+fn transport_filter_and_unknown_transport() {
+    let s = stdout(&run(&["-d", "-t", "loop"], &[]));
+    assert!(
+        s.contains("Transport: loop") && !s.contains("Transport: self"),
+        "{s}"
+    );
+    let o = run(&["-t", "nope"], &[]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("transport nope is not available"));
+}
+
+#[test]
+fn json_is_parseable_and_complete() {
+    let o = run(&["-a", "--json"], &[]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
+    assert_eq!(v["version"], uct_core::VERSION);
+    let mds = v["memory_domains"].as_array().unwrap();
+    assert!(mds.iter().any(|m| m["memory_domain"] == "self"));
+    let mods = v["modules"]["modules"].as_array().unwrap();
+    assert!(mods
+        .iter()
+        .any(|m| m["name"] == "example" && m["status"] == "loaded"));
+    assert!(v["config"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["name"] == "UCT_TLS"));
+}
+
+#[test]
+fn version_build_and_usage() {
+    assert!(stdout(&run(&["-v"], &[])).contains(uct_core::VERSION));
+    assert!(stdout(&run(&["-b"], &[])).contains("module ABI fingerprint"));
+    let o = run(&[], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    let help = stdout(&run(&["--help"], &[]));
+    for flag in ["-d", "-a", "-c", "-f", "-t", "-b", "--json", "-v"] {
+        assert!(help.contains(flag), "--help does not explain {flag}");
+    }
+}
