@@ -32,18 +32,12 @@ fn flush_stream(p: &mut Pair) -> TestResult {
     for i in 0..n {
         let iov = [Iov::new(&local, i * piece, piece)];
         let addr = remote.addr() + (i * piece) as u64;
-        loop {
-            match p
-                .ep
-                .put_zcopy(&iov, addr, &rkey, Some(&comp))
+        while let Status::NoResource =
+            p.ep.put_zcopy(&iov, addr, &rkey, Some(&comp))
                 .ctx("put_zcopy")?
-            {
-                Status::NoResource => {
-                    p.progress();
-                    ensure!(t0.elapsed() < WAIT, "no send resources for {WAIT:?}");
-                }
-                _ => break,
-            }
+        {
+            p.progress();
+            ensure!(t0.elapsed() < WAIT, "no send resources for {WAIT:?}");
         }
     }
     p.flush().ctx("flush")?;
