@@ -15,7 +15,6 @@ fn registry_for(dir: &Path, modules: AllowList) -> Registry {
         default_dirs: false,
         modules,
     })
-    .expect("registry")
 }
 
 fn status_of<'a>(reg: &'a Registry, name: &str) -> &'a ModuleStatus {

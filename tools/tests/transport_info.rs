@@ -163,3 +163,14 @@ fn version_build_and_usage() {
         assert!(help.contains(flag), "--help does not explain {flag}");
     }
 }
+
+#[test]
+fn invalid_value_names_the_variable_and_what_is_expected() {
+    let o = run(&["-c"], &[("UCT_BOOTSTRAP_TIMEOUT", "soon")]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("UCT_BOOTSTRAP_TIMEOUT=soon") && err.contains("a duration"),
+        "{err}"
+    );
+}

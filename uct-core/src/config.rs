@@ -148,20 +148,45 @@ impl Config {
         tables: &[(&str, &'static [ConfigVar])],
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
+        Self::build(tables, lookup, false).map(|(c, _)| c)
+    }
+
+    /// Like [`from_env`](Self::from_env), but an invalid value falls back to
+    /// the default and its error is returned beside the configuration.
+    pub fn from_env_lenient(tables: &[(&str, &'static [ConfigVar])]) -> (Config, Vec<ConfigError>) {
+        match Self::build(tables, |n| std::env::var(n).ok(), true) {
+            Ok(r) => r,
+            // Unreachable in lenient mode; an empty table set is still usable.
+            Err(e) => (Config::default(), vec![e]),
+        }
+    }
+
+    fn build(
+        tables: &[(&str, &'static [ConfigVar])],
+        lookup: impl Fn(&str) -> Option<String>,
+        lenient: bool,
+    ) -> Result<(Config, Vec<ConfigError>), ConfigError> {
+        let mut errors = Vec::new();
         let mut entries = BTreeMap::new();
         let all = std::iter::once(("core", CORE_CONFIG)).chain(tables.iter().copied());
         for (owner, vars) in all {
             for var in vars {
-                let (value, source) = match lookup(var.name) {
+                let (mut value, mut source) = match lookup(var.name) {
                     Some(v) => (v, ValueSource::Environment),
                     None => (var.default.to_string(), ValueSource::Default),
                 };
                 if !var.kind.validate(&value) {
-                    return Err(ConfigError::Invalid {
+                    let err = ConfigError::Invalid {
                         name: var.name.into(),
                         value,
                         expected: var.kind.expected().into(),
-                    });
+                    };
+                    if !lenient {
+                        return Err(err);
+                    }
+                    errors.push(err);
+                    value = var.default.to_string();
+                    source = ValueSource::Default;
                 }
                 entries.insert(
                     var.name.to_string(),
@@ -174,7 +199,7 @@ impl Config {
                 );
             }
         }
-        Ok(Config { entries })
+        Ok((Config { entries }, errors))
     }
 
     /// Every variable, sorted by name.

@@ -124,39 +124,51 @@ pub struct Registry {
     tls: AllowList,
     net_devices: AllowList,
     md_errors: std::sync::Mutex<Vec<(String, String)>>,
+    config_errors: Vec<crate::config::ConfigError>,
 }
 
 impl Registry {
     /// The process-wide registry, built from the environment on first use.
-    /// An invalid configuration value is logged and the defaults are used.
+    /// An invalid configuration value is logged and its default used.
     pub fn global() -> &'static Registry {
         static GLOBAL: OnceLock<Registry> = OnceLock::new();
-        GLOBAL.get_or_init(|| {
-            Registry::from_env().unwrap_or_else(|e| {
-                log::error!("{e}; using defaults");
-                Registry::with_options(RegistryOptions {
-                    module_dirs: vec![],
-                    default_dirs: true,
-                    modules: AllowList::all(),
-                })
-                .expect("the default configuration is valid")
-            })
-        })
+        GLOBAL.get_or_init(|| Registry::build_from_env(true))
     }
 
-    /// Builds a registry from `UCT_*` variables.
+    /// Builds a registry from `UCT_*` variables; an invalid value is an
+    /// error that names it.
     pub fn from_env() -> Result<Registry> {
-        let core = Config::from_env(&[])?;
-        Registry::with_options(RegistryOptions {
-            module_dirs: core.get_paths("UCT_MODULE_DIR")?,
+        Config::from_env(&[])?;
+        let reg = Registry::build_from_env(false);
+        match reg.config_errors.first() {
+            Some(e) => Err(e.clone().into()),
+            None => Ok(reg),
+        }
+    }
+
+    fn build_from_env(lenient: bool) -> Registry {
+        let (core, _) = Config::from_env_lenient(&[]);
+        let opts = RegistryOptions {
+            module_dirs: core.get_paths("UCT_MODULE_DIR").unwrap_or_default(),
             default_dirs: true,
-            modules: core.get_allow_list("UCT_MODULES")?,
-        })
+            modules: core
+                .get_allow_list("UCT_MODULES")
+                .unwrap_or_else(|_| AllowList::all()),
+        };
+        let reg = Registry::with_options(opts);
+        if lenient {
+            for e in &reg.config_errors {
+                log::error!("{e}; using its default");
+            }
+        }
+        reg
     }
 
     /// Builds a registry with explicit module settings; the rest of the
-    /// configuration still comes from the environment.
-    pub fn with_options(opts: RegistryOptions) -> Result<Registry> {
+    /// configuration still comes from the environment. Invalid values fall
+    /// back to their defaults and are kept in
+    /// [`config_errors`](Self::config_errors).
+    pub fn with_options(opts: RegistryOptions) -> Registry {
         let mut components: Vec<ComponentInfo> = inventory::iter::<BuiltinComponent>
             .into_iter()
             .map(|b| ComponentInfo {
@@ -221,7 +233,7 @@ impl Registry {
             .collect();
         let table_refs: Vec<(&str, &'static [crate::config::ConfigVar])> =
             tables.iter().map(|(n, t)| (n.as_str(), *t)).collect();
-        let config = Config::from_env(&table_refs)?;
+        let (config, config_errors) = Config::from_env_lenient(&table_refs);
         // Variables of modules that are present but not loaded are not
         // reported as unknown: their tables are simply not here.
         let foreign: Vec<String> = modules
@@ -233,9 +245,13 @@ impl Registry {
         for u in &unknown {
             log::warn!("{u}");
         }
-        let tls = config.get_allow_list("UCT_TLS")?;
-        let net_devices = config.get_allow_list("UCT_NET_DEVICES")?;
-        Ok(Registry {
+        let tls = config
+            .get_allow_list("UCT_TLS")
+            .unwrap_or_else(|_| AllowList::all());
+        let net_devices = config
+            .get_allow_list("UCT_NET_DEVICES")
+            .unwrap_or_else(|_| AllowList::all());
+        Registry {
             components,
             modules,
             search_path,
@@ -244,7 +260,13 @@ impl Registry {
             tls,
             net_devices,
             md_errors: Default::default(),
-        })
+            config_errors,
+        }
+    }
+
+    /// Configuration values that were invalid and replaced by defaults.
+    pub fn config_errors(&self) -> &[crate::config::ConfigError] {
+        &self.config_errors
     }
 
     pub fn components(&self) -> &[ComponentInfo] {
