@@ -1,6 +1,6 @@
 //! Put and get at every size class, single buffers and iov lists.
 
-use uct_core::{Access, Caps, Completion, CompletionData, Iov};
+use uct_core::{Access, Caps, Completion, CompletionData, Endpoint, Iov, RemoteKey, Status};
 
 use super::{case, Case};
 use crate::ensure;
@@ -46,36 +46,35 @@ fn check_remote(p: &Pair, remote: &uct_core::MemHandle, at: usize, want: &[u8]) 
     Ok(())
 }
 
-fn put_short(p: &mut Pair) -> TestResult {
-    let max = p.attrs().put.max_short;
+type BufferedPut =
+    fn(&mut dyn Endpoint, &[u8], u64, &RemoteKey) -> Result<Status, uct_core::UctError>;
+
+/// Put short and put bcopy: the same checks at every size up to `max`.
+fn put_buffered(p: &mut Pair, what: &str, max: usize, seed: u64, op: BufferedPut) -> TestResult {
     let remote = p.alloc(max + OFF, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
-    for (i, len) in sizes(max, usize::MAX).into_iter().enumerate() {
-        let data = pattern(len, i as u64);
+    for (i, len) in sizes(max, 1 << 20).into_iter().enumerate() {
+        let data = pattern(len, seed + i as u64);
         let addr = remote.addr() + OFF as u64;
         let c = Completion::new();
-        p.post_wait("put_short", &c, |ep, _| ep.put_short(&data, addr, &rkey))
-            .ctx("put_short")?;
+        p.post_wait(what, &c, |ep, _| op(ep, &data, addr, &rkey))
+            .ctx(what)?;
         p.flush().ctx("flush")?;
         check_remote(p, &remote, OFF, &data)?;
     }
     Ok(())
 }
 
+fn put_short(p: &mut Pair) -> TestResult {
+    let max = p.attrs().put.max_short;
+    put_buffered(p, "put_short", max, 0, |ep, d, a, k| ep.put_short(d, a, k))
+}
+
 fn put_bcopy(p: &mut Pair) -> TestResult {
     let max = p.attrs().put.max_bcopy;
-    let remote = p.alloc(max + OFF, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
-    for (i, len) in sizes(max, 1 << 20).into_iter().enumerate() {
-        let data = pattern(len, 100 + i as u64);
-        let addr = remote.addr() + OFF as u64;
-        let c = Completion::new();
-        p.post_wait("put_bcopy", &c, |ep, _| ep.put_bcopy(&data, addr, &rkey))
-            .ctx("put_bcopy")?;
-        p.flush().ctx("flush")?;
-        check_remote(p, &remote, OFF, &data)?;
-    }
-    Ok(())
+    put_buffered(p, "put_bcopy", max, 100, |ep, d, a, k| {
+        ep.put_bcopy(d, a, k)
+    })
 }
 
 fn put_zcopy(p: &mut Pair) -> TestResult {
