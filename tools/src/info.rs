@@ -5,7 +5,7 @@ use serde::Serialize;
 use uct_core::config::ValueSource;
 use uct_core::iface::SizeLimits;
 use uct_core::registry::{ModuleStatus, Origin};
-use uct_core::{Caps, IfaceParams, MdFlags, MemoryType, Registry};
+use uct_core::{IfaceParams, MemoryType, Registry};
 
 #[derive(Debug, Serialize)]
 pub struct BuildInfo {
@@ -299,14 +299,4 @@ pub fn caps_line(caps: &[String], prefix: &str) -> String {
         .map(|c| c.trim_start_matches(prefix).to_string())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// Whether `caps` has `flag`.
-pub fn has(caps: &[String], flag: Caps) -> bool {
-    flag_names(flag).iter().all(|f| caps.contains(f))
-}
-
-/// Whether `flags` has `flag`.
-pub fn md_has(flags: &[String], flag: MdFlags) -> bool {
-    flag_names(flag).iter().all(|f| flags.contains(f))
 }

@@ -178,7 +178,6 @@ impl Endpoint for SelfEp {
     ) -> Result<Status> {
         let total = self.check_iov(iov)?;
         let key = *self.key(rkey)?;
-        key.precheck(remote_addr, total as u64, Access::REMOTE_WRITE)?;
         let t = self.target()?;
         t.table
             .access(&key, remote_addr, total as u64, Access::REMOTE_WRITE, |p| {
