@@ -8,6 +8,8 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use test_suite::{all_cases, not_applicable, Pair};
 use uct_core::registry::KNOWN_TRANSPORTS;
 use uct_core::{Access, MemoryType, Registry, Resource};
+// Built-in transports register themselves when linked.
+use tl_tcp as _;
 
 #[derive(Default)]
 struct Tally {

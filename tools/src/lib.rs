@@ -2,3 +2,6 @@
 
 pub mod info;
 pub mod text;
+
+// Built-in transports register themselves with the registry when linked.
+pub use tl_tcp;

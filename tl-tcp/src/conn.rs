@@ -1,0 +1,284 @@
+//! One non-blocking TCP connection: a queue of outgoing frames written with
+//! `sendmsg` (header and user buffers gathered, no staging copy for zcopy),
+//! and a receive buffer cut into frames.
+
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+
+use uct_core::{Completion, MemHandle, UctError};
+
+use crate::wire::{self, Header, Parsed};
+
+/// Bytes a connection queues before senders get NoResource.
+pub const SEND_QUEUE_LIMIT: usize = 8 << 20;
+/// iovecs handed to one sendmsg.
+const IOV_BATCH: usize = 64;
+const READ_CHUNK: usize = 256 * 1024;
+
+/// The data part of an outgoing frame.
+pub enum Payload {
+    None,
+    Bytes(Vec<u8>),
+    /// A copied prefix (an AM header, possibly empty) then user memory,
+    /// kept alive until written.
+    Iov(Vec<u8>, Vec<(MemHandle, usize, usize)>),
+}
+
+struct Outgoing {
+    head: Vec<u8>,
+    payload: Payload,
+    written: usize,
+    total: usize,
+    /// Fired when the frame is on the wire (local completion).
+    comp: Option<Completion>,
+}
+
+impl Outgoing {
+    /// The pieces still to write, as (pointer, length).
+    fn pieces(&self, out: &mut Vec<libc::iovec>) {
+        let mut skip = self.written;
+        let mut push = |ptr: *const u8, len: usize, out: &mut Vec<libc::iovec>| {
+            if skip >= len {
+                skip -= len;
+                return;
+            }
+            out.push(libc::iovec {
+                // SAFETY: skip < len, so the pointer stays inside the piece.
+                iov_base: unsafe { ptr.add(skip) } as *mut libc::c_void,
+                iov_len: len - skip,
+            });
+            skip = 0;
+        };
+        push(self.head.as_ptr(), self.head.len(), out);
+        match &self.payload {
+            Payload::None => {}
+            Payload::Bytes(b) => push(b.as_ptr(), b.len(), out),
+            Payload::Iov(prefix, v) => {
+                push(prefix.as_ptr(), prefix.len(), out);
+                for (mem, off, len) in v {
+                    // Ranges were checked when the operation was posted.
+                    if let Ok(p) = mem.host_ptr(*off, *len) {
+                        push(p, *len, out);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A connection and its queues.
+pub struct Conn {
+    stream: TcpStream,
+    sendq: VecDeque<Outgoing>,
+    queued: usize,
+    rbuf: Vec<u8>,
+    rpos: usize,
+    max_data: usize,
+}
+
+impl Conn {
+    pub fn new(stream: TcpStream, max_data: usize) -> Result<Conn, UctError> {
+        stream
+            .set_nonblocking(true)
+            .map_err(|e| UctError::io("tcp: set non-blocking", e))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| UctError::io("tcp: set TCP_NODELAY", e))?;
+        Ok(Conn {
+            stream,
+            sendq: VecDeque::new(),
+            queued: 0,
+            rbuf: Vec::new(),
+            rpos: 0,
+            max_data,
+        })
+    }
+
+    pub fn peer(&self) -> String {
+        self.stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "?".into())
+    }
+
+    /// Whether the send queue is over its limit.
+    pub fn is_full(&self) -> bool {
+        self.queued >= SEND_QUEUE_LIMIT
+    }
+
+    /// Queues a frame and writes what the socket takes. Returns true when
+    /// the whole frame is already written (`comp` is then not started).
+    pub fn send(
+        &mut self,
+        header: &Header,
+        payload: Payload,
+        comp: Option<&Completion>,
+    ) -> Result<bool, UctError> {
+        let data_len = match &payload {
+            Payload::None => 0,
+            Payload::Bytes(b) => b.len(),
+            Payload::Iov(p, v) => p.len() + v.iter().map(|(_, _, l)| l).sum::<usize>(),
+        };
+        let head = wire::encode(header, data_len)?;
+        let total = head.len() + data_len;
+        self.sendq.push_back(Outgoing {
+            head,
+            payload,
+            written: 0,
+            total,
+            comp: None,
+        });
+        self.queued += total;
+        self.write_out()?;
+        if self.sendq.is_empty() {
+            return Ok(true);
+        }
+        if let (Some(c), Some(last)) = (comp, self.sendq.back_mut()) {
+            c.start();
+            last.comp = Some(c.clone());
+        }
+        Ok(false)
+    }
+
+    /// Writes queued frames until the socket would block.
+    pub fn write_out(&mut self) -> Result<usize, UctError> {
+        let mut total = 0usize;
+        let mut iov: Vec<libc::iovec> = Vec::with_capacity(IOV_BATCH);
+        while !self.sendq.is_empty() {
+            iov.clear();
+            for o in self.sendq.iter() {
+                o.pieces(&mut iov);
+                if iov.len() >= IOV_BATCH {
+                    break;
+                }
+            }
+            iov.truncate(IOV_BATCH);
+            // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = iov.len() as _;
+            // SAFETY: every iovec points into a buffer owned by the queue
+            // (header, bytes) or into a live memory handle it holds;
+            // MSG_NOSIGNAL turns a closed peer into EPIPE, not SIGPIPE.
+            let n = unsafe {
+                libc::sendmsg(
+                    self.stream.as_raw_fd(),
+                    &msg,
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                match e.kind() {
+                    ErrorKind::WouldBlock => break,
+                    ErrorKind::Interrupted => continue,
+                    _ => return Err(peer_error("send", &self.peer(), e)),
+                }
+            }
+            let mut n = n as usize;
+            total += n;
+            self.queued = self.queued.saturating_sub(n);
+            while n > 0 {
+                let Some(front) = self.sendq.front_mut() else {
+                    break;
+                };
+                let left = front.total - front.written;
+                if n >= left {
+                    n -= left;
+                    if let Some(c) = self.sendq.pop_front().and_then(|o| o.comp) {
+                        c.finish(Ok(()));
+                    }
+                } else {
+                    front.written += n;
+                    n = 0;
+                }
+            }
+            // Zero-length frames are complete at once.
+            while self.sendq.front().is_some_and(|o| o.total == o.written) {
+                if let Some(c) = self.sendq.pop_front().and_then(|o| o.comp) {
+                    c.finish(Ok(()));
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// Reads what has arrived. An orderly close or a reset is an error.
+    pub fn read_in(&mut self) -> Result<usize, UctError> {
+        let mut total = 0;
+        loop {
+            if self.rpos > 0 && self.rpos == self.rbuf.len() {
+                self.rbuf.clear();
+                self.rpos = 0;
+            }
+            let at = self.rbuf.len();
+            self.rbuf.resize(at + READ_CHUNK, 0);
+            let r = self.stream.read(&mut self.rbuf[at..]);
+            match r {
+                Ok(0) => {
+                    self.rbuf.truncate(at);
+                    return Err(UctError::EndpointFailed(format!(
+                        "tcp peer {} closed the connection",
+                        self.peer()
+                    )));
+                }
+                Ok(n) => {
+                    self.rbuf.truncate(at + n);
+                    total += n;
+                    if n < READ_CHUNK {
+                        return Ok(total);
+                    }
+                }
+                Err(e) => {
+                    self.rbuf.truncate(at);
+                    match e.kind() {
+                        ErrorKind::WouldBlock => return Ok(total),
+                        ErrorKind::Interrupted => {}
+                        _ => return Err(peer_error("receive", &self.peer(), e)),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next whole frame received, with its data.
+    pub fn next_frame(&mut self) -> Result<Option<(Header, Vec<u8>)>, String> {
+        match wire::parse(&self.rbuf[self.rpos..], self.max_data)? {
+            Parsed::Incomplete => {
+                if self.rpos > 0 && self.rpos * 2 > self.rbuf.len() {
+                    self.rbuf.drain(..self.rpos);
+                    self.rpos = 0;
+                }
+                Ok(None)
+            }
+            Parsed::Frame {
+                header,
+                data_at,
+                data_len,
+                total,
+            } => {
+                wire::check_data_len(&header, data_len)?;
+                let start = self.rpos + data_at;
+                let data = self.rbuf[start..start + data_len].to_vec();
+                self.rpos += total;
+                Ok(Some((header, data)))
+            }
+        }
+    }
+
+    /// Fails every queued frame's completion.
+    pub fn fail_queued(&mut self, err: &UctError) {
+        for o in self.sendq.drain(..) {
+            if let Some(c) = o.comp {
+                c.finish(Err(err.clone()));
+            }
+        }
+        self.queued = 0;
+    }
+}
+
+fn peer_error(what: &str, peer: &str, e: std::io::Error) -> UctError {
+    UctError::EndpointFailed(format!("tcp {what} to {peer} failed: {e}"))
+}

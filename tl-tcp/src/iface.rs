@@ -1,0 +1,437 @@
+//! The tcp iface: listens on one interface, accepts connections from peer
+//! endpoints and executes their requests; drives its own endpoints' sockets.
+
+use std::io::ErrorKind;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use uct_core::region_table::{RegionTable, SoftRkey};
+use uct_core::{
+    Access, AmHandler, AmMessage, Caps, Endpoint, EpParams, Iface, IfaceAttrs, MemoryDomain,
+    MemoryType, Result, SizeLimits, UctError,
+};
+
+use crate::conn::{Conn, Payload};
+use crate::devices::NetDevice;
+use crate::ep::{EpState, TcpEp};
+use crate::wire::{Header, WireAtomic, WireError, WireKey};
+
+pub(crate) const MAX_SHORT: usize = 8 * 1024;
+pub(crate) const MAX_BCOPY: usize = 64 * 1024;
+pub(crate) const MAX_ZCOPY: usize = 16 << 20;
+pub(crate) const MAX_AM_ZCOPY: usize = 64 * 1024;
+pub(crate) const MAX_IOV: usize = 16;
+pub(crate) const MAX_AM_HEADER: usize = 256;
+/// Largest data a peer may put in one frame.
+pub(crate) const MAX_FRAME_DATA: usize = MAX_ZCOPY;
+const AM_IDS: usize = uct_core::iface::AM_ID_MAX;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn tcp_attrs() -> IfaceAttrs {
+    let lim = |max_zcopy| SizeLimits {
+        max_short: MAX_SHORT,
+        max_bcopy: MAX_BCOPY,
+        min_zcopy: 0,
+        max_zcopy,
+        max_iov: MAX_IOV,
+    };
+    IfaceAttrs {
+        caps: Caps::PUT_SHORT
+            | Caps::PUT_BCOPY
+            | Caps::PUT_ZCOPY
+            | Caps::GET_BCOPY
+            | Caps::GET_ZCOPY
+            | Caps::AM
+            | Caps::ATOMIC32
+            | Caps::ATOMIC64
+            | Caps::FLUSH
+            | Caps::FENCE
+            | Caps::CONNECT_TO_IFACE
+            | Caps::ERRHANDLE_PEER_FAILURE,
+        put: lim(MAX_ZCOPY),
+        get: lim(MAX_ZCOPY),
+        am: lim(MAX_AM_ZCOPY),
+        max_am_header: MAX_AM_HEADER,
+        mem_types: vec![MemoryType::Host],
+        latency_ns: 10_000.0,
+        bandwidth_bps: 2.0e9,
+        overhead_ns: 200.0,
+        iface_addr_len: 2,
+        device_addr_len: 16,
+        ep_addr_len: 0,
+    }
+}
+
+/// A tcp iface on one network interface.
+pub struct TcpIface {
+    dev: NetDevice,
+    listener: TcpListener,
+    md: Arc<dyn MemoryDomain>,
+    table: Arc<RegionTable>,
+    attrs: IfaceAttrs,
+    handlers: Vec<Option<AmHandler>>,
+    /// Connections from peer endpoints: requests come in here.
+    accepted: Vec<Conn>,
+    /// This iface's own endpoints, progressed here.
+    eps: Vec<Weak<Mutex<EpState>>>,
+}
+
+fn ip_bytes(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+fn parse_addr(device_addr: &[u8], iface_addr: &[u8]) -> Option<SocketAddr> {
+    let ip: [u8; 16] = device_addr.try_into().ok()?;
+    let port = u16::from_le_bytes(iface_addr.try_into().ok()?);
+    let v6 = Ipv6Addr::from(ip);
+    let ip = match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+impl TcpIface {
+    pub(crate) fn open(
+        dev: NetDevice,
+        md: Arc<dyn MemoryDomain>,
+        table: Arc<RegionTable>,
+    ) -> Result<TcpIface> {
+        let listener = TcpListener::bind(SocketAddr::new(dev.addr, 0))
+            .map_err(|e| UctError::io(format!("tcp: listen on {} ({})", dev.name, dev.addr), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| UctError::io("tcp: set non-blocking", e))?;
+        Ok(TcpIface {
+            dev,
+            listener,
+            md,
+            table,
+            attrs: tcp_attrs(),
+            handlers: (0..AM_IDS).map(|_| None).collect(),
+            accepted: Vec::new(),
+            eps: Vec::new(),
+        })
+    }
+
+    fn accept_new(&mut self) -> usize {
+        let mut n = 0;
+        loop {
+            match self.listener.accept() {
+                Ok((s, peer)) => match Conn::new(s, MAX_FRAME_DATA) {
+                    Ok(c) => {
+                        log::debug!("tcp {}: accepted {peer}", self.dev.name);
+                        self.accepted.push(c);
+                        n += 1;
+                    }
+                    Err(e) => log::warn!("tcp {}: dropping {peer}: {e}", self.dev.name),
+                },
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    log::warn!("tcp {}: accept failed: {e}", self.dev.name);
+                    return n;
+                }
+            }
+        }
+    }
+
+    /// Reads and executes requests on accepted connections; a connection
+    /// that sends nonsense or fails is closed, the others go on.
+    fn serve(&mut self) -> usize {
+        let mut events = 0;
+        let table = &self.table;
+        let handlers = &mut self.handlers;
+        let dev = &self.dev.name;
+        self.accepted.retain_mut(|conn| {
+            let keep = (|| -> std::result::Result<(), String> {
+                conn.read_in().map_err(|e| e.to_string())?;
+                while let Some((h, data)) = conn.next_frame()? {
+                    events += 1;
+                    execute(table, handlers, conn, h, data).map_err(|e| e.to_string())?;
+                }
+                conn.write_out().map_err(|e| e.to_string())?;
+                Ok(())
+            })();
+            match keep {
+                Ok(()) => true,
+                Err(e) => {
+                    log::warn!("tcp {dev}: closing connection from {}: {e}", conn.peer());
+                    false
+                }
+            }
+        });
+        events
+    }
+}
+
+fn key(k: WireKey) -> SoftRkey {
+    // Only id and secret matter to the table; range and rights are its own.
+    SoftRkey {
+        region_id: k.region_id,
+        secret: k.secret,
+        base: 0,
+        len: 0,
+        access: Access::empty(),
+    }
+}
+
+fn atomic(
+    table: &RegionTable,
+    k: WireKey,
+    addr: u64,
+    width: u8,
+    op: WireAtomic,
+    value: u64,
+) -> std::result::Result<u64, UctError> {
+    if width != 4 && width != 8 {
+        return Err(UctError::InvalidParam(format!("atomic width {width}")));
+    }
+    if !addr.is_multiple_of(width as u64) {
+        return Err(UctError::Misaligned {
+            addr,
+            align: width as u64,
+        });
+    }
+    table.access(&key(k), addr, width as u64, Access::REMOTE_ATOMIC, |p| {
+        if width == 4 {
+            // SAFETY: the table checked a live 4-byte range granting atomic
+            // access; alignment was checked above.
+            let a = unsafe { AtomicU32::from_ptr(p as *mut u32) };
+            let v = value as u32;
+            (match op {
+                WireAtomic::Add | WireAtomic::FetchAdd => a.fetch_add(v, Ordering::SeqCst),
+                WireAtomic::Swap => a.swap(v, Ordering::SeqCst),
+                WireAtomic::CompareSwap { compare } => {
+                    match a.compare_exchange(compare as u32, v, Ordering::SeqCst, Ordering::SeqCst)
+                    {
+                        Ok(x) | Err(x) => x,
+                    }
+                }
+            }) as u64
+        } else {
+            // SAFETY: as above for 8 bytes.
+            let a = unsafe { AtomicU64::from_ptr(p as *mut u64) };
+            match op {
+                WireAtomic::Add | WireAtomic::FetchAdd => a.fetch_add(value, Ordering::SeqCst),
+                WireAtomic::Swap => a.swap(value, Ordering::SeqCst),
+                WireAtomic::CompareSwap { compare } => {
+                    match a.compare_exchange(compare, value, Ordering::SeqCst, Ordering::SeqCst) {
+                        Ok(x) | Err(x) => x,
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Executes one request from a peer; replies go back on `conn`.
+fn execute(
+    table: &RegionTable,
+    handlers: &mut [Option<AmHandler>],
+    conn: &mut Conn,
+    h: Header,
+    data: Vec<u8>,
+) -> Result<()> {
+    match h {
+        Header::Am { id } => match handlers.get_mut(id as usize).and_then(Option::as_mut) {
+            Some(handler) => handler(AmMessage { id, data: &data }),
+            None => log::warn!(
+                "tcp: dropped active message {id} ({} bytes): no handler set",
+                data.len()
+            ),
+        },
+        Header::Put { req, key: k, addr } => {
+            let r = table.access(
+                &key(k),
+                addr,
+                data.len() as u64,
+                Access::REMOTE_WRITE,
+                |p| {
+                    // SAFETY: the table checked that [p, p+len) is live and
+                    // grants remote write.
+                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
+                },
+            );
+            if let Err(e) = r {
+                conn.send(
+                    &Header::Nack {
+                        req,
+                        error: WireError::from(&e),
+                    },
+                    Payload::None,
+                    None,
+                )?;
+            }
+        }
+        Header::Get {
+            req,
+            key: k,
+            addr,
+            len,
+        } => {
+            if len as usize > MAX_FRAME_DATA {
+                let error =
+                    WireError::Other(format!("get of {len} bytes exceeds {MAX_FRAME_DATA}"));
+                conn.send(
+                    &Header::GetReply {
+                        req,
+                        error: Some(error),
+                    },
+                    Payload::None,
+                    None,
+                )?;
+                return Ok(());
+            }
+            let mut buf = vec![0u8; len as usize];
+            let r = table.access(&key(k), addr, len, Access::REMOTE_READ, |p| {
+                // SAFETY: as for put, with remote read granted.
+                unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) }
+            });
+            match r {
+                Ok(()) => conn.send(
+                    &Header::GetReply { req, error: None },
+                    Payload::Bytes(buf),
+                    None,
+                )?,
+                Err(e) => conn.send(
+                    &Header::GetReply {
+                        req,
+                        error: Some(WireError::from(&e)),
+                    },
+                    Payload::None,
+                    None,
+                )?,
+            };
+        }
+        Header::Atomic {
+            req,
+            key: k,
+            addr,
+            width,
+            op,
+            value,
+        } => {
+            let r = atomic(table, k, addr, width, op, value);
+            let reply = match (op, r) {
+                (WireAtomic::Add, Ok(_)) => None,
+                (WireAtomic::Add, Err(e)) => Some(Header::Nack {
+                    req,
+                    error: WireError::from(&e),
+                }),
+                (_, Ok(old)) => Some(Header::AtomicReply {
+                    req,
+                    old,
+                    error: None,
+                }),
+                (_, Err(e)) => Some(Header::AtomicReply {
+                    req,
+                    old: 0,
+                    error: Some(WireError::from(&e)),
+                }),
+            };
+            if let Some(reply) = reply {
+                conn.send(&reply, Payload::None, None)?;
+            }
+        }
+        Header::Flush { req } => {
+            conn.send(&Header::FlushReply { req }, Payload::None, None)?;
+        }
+        other => {
+            return Err(UctError::Protocol(format!(
+                "a reply ({other:?}) sent as a request"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Iface for TcpIface {
+    fn transport(&self) -> &str {
+        "tcp"
+    }
+
+    fn device(&self) -> &str {
+        &self.dev.name
+    }
+
+    fn attrs(&self) -> &IfaceAttrs {
+        &self.attrs
+    }
+
+    fn md(&self) -> &Arc<dyn MemoryDomain> {
+        &self.md
+    }
+
+    fn device_address(&self) -> Vec<u8> {
+        ip_bytes(self.dev.addr).to_vec()
+    }
+
+    fn iface_address(&self) -> Vec<u8> {
+        let port = self.listener.local_addr().map(|a| a.port()).unwrap_or(0);
+        port.to_le_bytes().to_vec()
+    }
+
+    fn is_reachable(&self, device_addr: &[u8], iface_addr: &[u8]) -> bool {
+        match parse_addr(device_addr, iface_addr) {
+            // Loopback reaches only loopback; other addresses are assumed
+            // routable (the connect will tell).
+            Some(a) => a.ip().is_loopback() == self.dev.addr.is_loopback() || !a.ip().is_loopback(),
+            None => false,
+        }
+    }
+
+    fn create_ep(&mut self, params: EpParams) -> Result<Box<dyn Endpoint>> {
+        let EpParams::ToIface {
+            device_addr,
+            iface_addr,
+        } = params
+        else {
+            return Err(UctError::InvalidParam(
+                "tcp connects to ifaces; pass EpParams::ToIface".into(),
+            ));
+        };
+        let addr = parse_addr(&device_addr, &iface_addr).ok_or_else(|| {
+            UctError::InvalidParam(format!(
+                "not a tcp address (expected 16 + 2 bytes, got {} + {})",
+                device_addr.len(),
+                iface_addr.len()
+            ))
+        })?;
+        let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+            .map_err(|e| UctError::Unreachable(format!("tcp connect to {addr}: {e}")))?;
+        let state = Arc::new(Mutex::new(EpState::new(
+            Conn::new(stream, MAX_FRAME_DATA)?,
+            addr,
+        )));
+        self.eps.retain(|w| w.strong_count() > 0);
+        self.eps.push(Arc::downgrade(&state));
+        Ok(Box::new(TcpEp::new(state)))
+    }
+
+    fn set_am_handler(&mut self, id: u8, handler: AmHandler) -> Result<()> {
+        let slot = self.handlers.get_mut(id as usize).ok_or_else(|| {
+            UctError::InvalidParam(format!("active message id {id} is not below {AM_IDS}"))
+        })?;
+        *slot = Some(handler);
+        Ok(())
+    }
+
+    fn progress(&mut self) -> usize {
+        let mut n = self.accept_new();
+        n += self.serve();
+        self.eps.retain(|w| match w.upgrade() {
+            Some(s) => {
+                n += s.lock().unwrap_or_else(|p| p.into_inner()).progress();
+                true
+            }
+            None => false,
+        });
+        n
+    }
+}

@@ -1,0 +1,293 @@
+//! The tcp wire format, without I/O. A frame is
+//! `[header length u32][data length u32][header][data]`, little-endian;
+//! the header is a postcard-encoded [`Header`], the data raw bytes (an
+//! active message's payload, a put's bytes, a get's reply). Decoding bytes
+//! from a peer returns a frame or an error, never a panic.
+
+use serde::{Deserialize, Serialize};
+use uct_core::{Access, UctError};
+
+/// Largest header accepted.
+pub const MAX_HEADER: usize = 4096;
+/// Bytes before the header.
+pub const PREFIX: usize = 8;
+
+/// The part of an rkey the target checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireKey {
+    pub region_id: u64,
+    pub secret: u64,
+}
+
+/// Atomic operations on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WireAtomic {
+    Add,
+    FetchAdd,
+    Swap,
+    CompareSwap { compare: u64 },
+}
+
+/// An error the target reports for a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WireError {
+    OutOfRange {
+        addr: u64,
+        len: u64,
+        base: u64,
+        region_len: u64,
+    },
+    AccessDenied {
+        needed: u8,
+        granted: u8,
+    },
+    BadSecret,
+    NoSuchRegion {
+        region_id: u64,
+    },
+    Misaligned {
+        addr: u64,
+        align: u64,
+    },
+    Other(String),
+}
+
+impl From<&UctError> for WireError {
+    fn from(e: &UctError) -> Self {
+        match e {
+            UctError::OutOfRange {
+                addr,
+                len,
+                base,
+                region_len,
+            } => WireError::OutOfRange {
+                addr: *addr,
+                len: *len,
+                base: *base,
+                region_len: *region_len,
+            },
+            UctError::AccessDenied { needed, granted } => WireError::AccessDenied {
+                needed: needed.bits(),
+                granted: granted.bits(),
+            },
+            UctError::BadSecret => WireError::BadSecret,
+            UctError::NoSuchRegion { region_id } => WireError::NoSuchRegion {
+                region_id: *region_id,
+            },
+            UctError::Misaligned { addr, align } => WireError::Misaligned {
+                addr: *addr,
+                align: *align,
+            },
+            other => WireError::Other(other.to_string()),
+        }
+    }
+}
+
+impl From<WireError> for UctError {
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::OutOfRange {
+                addr,
+                len,
+                base,
+                region_len,
+            } => UctError::OutOfRange {
+                addr,
+                len,
+                base,
+                region_len,
+            },
+            WireError::AccessDenied { needed, granted } => UctError::AccessDenied {
+                needed: Access::from_bits_truncate(needed),
+                granted: Access::from_bits_truncate(granted),
+            },
+            WireError::BadSecret => UctError::BadSecret,
+            WireError::NoSuchRegion { region_id } => UctError::NoSuchRegion { region_id },
+            WireError::Misaligned { addr, align } => UctError::Misaligned { addr, align },
+            WireError::Other(m) => UctError::EndpointFailed(format!("the peer reported: {m}")),
+        }
+    }
+}
+
+/// What a frame asks for or answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Header {
+    /// Active message; the data is its payload.
+    Am {
+        id: u8,
+    },
+    /// Write the data at `addr`. `req` identifies it in a Nack.
+    Put {
+        req: u64,
+        key: WireKey,
+        addr: u64,
+    },
+    /// Read `len` bytes at `addr`; answered by GetReply.
+    Get {
+        req: u64,
+        key: WireKey,
+        addr: u64,
+        len: u64,
+    },
+    /// Answer to Get; the data is what was read.
+    GetReply {
+        req: u64,
+        error: Option<WireError>,
+    },
+    /// Atomic of `width` bytes at `addr`; answered by AtomicReply.
+    Atomic {
+        req: u64,
+        key: WireKey,
+        addr: u64,
+        width: u8,
+        op: WireAtomic,
+        value: u64,
+    },
+    AtomicReply {
+        req: u64,
+        old: u64,
+        error: Option<WireError>,
+    },
+    /// Answered once everything before it was executed.
+    Flush {
+        req: u64,
+    },
+    FlushReply {
+        req: u64,
+    },
+    /// A request without a reply of its own (put, add) failed.
+    Nack {
+        req: u64,
+        error: WireError,
+    },
+}
+
+/// Encodes a frame's prefix and header; the data follows separately.
+pub fn encode(header: &Header, data_len: usize) -> Result<Vec<u8>, UctError> {
+    let h = postcard::to_stdvec(header)
+        .map_err(|e| UctError::InvalidParam(format!("cannot encode a tcp frame header: {e}")))?;
+    let dl = u32::try_from(data_len).map_err(|_| {
+        UctError::InvalidParam(format!("{data_len} bytes do not fit one tcp frame"))
+    })?;
+    let mut out = Vec::with_capacity(PREFIX + h.len());
+    out.extend_from_slice(&(h.len() as u32).to_le_bytes());
+    out.extend_from_slice(&dl.to_le_bytes());
+    out.extend_from_slice(&h);
+    Ok(out)
+}
+
+/// Result of looking at received bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// More bytes are needed.
+    Incomplete,
+    /// A whole frame: its header, where its data starts and its length, and
+    /// the total frame length.
+    Frame {
+        header: Header,
+        data_at: usize,
+        data_len: usize,
+        total: usize,
+    },
+}
+
+/// Parses the frame at the start of `buf`. `max_data` bounds the data a
+/// peer may send in one frame.
+pub fn parse(buf: &[u8], max_data: usize) -> Result<Parsed, String> {
+    if buf.len() < PREFIX {
+        return Ok(Parsed::Incomplete);
+    }
+    let hl = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    let dl = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
+    if hl == 0 || hl > MAX_HEADER {
+        return Err(format!(
+            "frame header length {hl} is outside 1..={MAX_HEADER}"
+        ));
+    }
+    if dl > max_data {
+        return Err(format!("frame data length {dl} exceeds {max_data}"));
+    }
+    if buf.len() < PREFIX + hl {
+        return Ok(Parsed::Incomplete);
+    }
+    let (header, rest) = postcard::take_from_bytes::<Header>(&buf[PREFIX..PREFIX + hl])
+        .map_err(|e| format!("frame header does not decode: {e}"))?;
+    if !rest.is_empty() {
+        return Err("frame header has trailing bytes".into());
+    }
+    let total = PREFIX + hl + dl;
+    if buf.len() < total {
+        return Ok(Parsed::Incomplete);
+    }
+    Ok(Parsed::Frame {
+        header,
+        data_at: PREFIX + hl,
+        data_len: dl,
+        total,
+    })
+}
+
+/// Bytes of data a frame of this header must carry, where fixed.
+pub fn check_data_len(header: &Header, data_len: usize) -> Result<(), String> {
+    let ok = match header {
+        Header::Get { .. } | Header::Atomic { .. } | Header::AtomicReply { .. } => data_len == 0,
+        Header::Flush { .. } | Header::FlushReply { .. } | Header::Nack { .. } => data_len == 0,
+        _ => true,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{header:?} carries {data_len} unexpected data bytes"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let h = Header::Put {
+            req: 9,
+            key: WireKey {
+                region_id: 1,
+                secret: 2,
+            },
+            addr: 0x1000,
+        };
+        let mut f = encode(&h, 3).unwrap();
+        f.extend_from_slice(b"abc");
+        match parse(&f, 1 << 20).unwrap() {
+            Parsed::Frame {
+                header,
+                data_at,
+                data_len,
+                total,
+            } => {
+                assert_eq!(header, h);
+                assert_eq!(&f[data_at..data_at + data_len], b"abc");
+                assert_eq!(total, f.len());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            parse(&f[..f.len() - 1], 1 << 20).unwrap(),
+            Parsed::Incomplete
+        );
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        let mut x = 77u64;
+        for _ in 0..50_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let n = (x % 64) as usize;
+            let b: Vec<u8> = (0..n).map(|i| (x >> (i % 8 * 8)) as u8).collect();
+            let _ = parse(&b, 1 << 20);
+        }
+    }
+}
