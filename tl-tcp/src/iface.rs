@@ -288,13 +288,13 @@ fn execute(
                 )?;
                 return Ok(());
             }
-            let mut buf = vec![0u8; len as usize];
+            // Allocate only once the access is known to be good.
             let r = table.access(&key(k), addr, len, Access::REMOTE_READ, |p| {
                 // SAFETY: as for put, with remote read granted.
-                unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) }
+                unsafe { std::slice::from_raw_parts(p as *const u8, len as usize) }.to_vec()
             });
             match r {
-                Ok(()) => conn.send(
+                Ok(buf) => conn.send(
                     &Header::GetReply { req, error: None },
                     Payload::Bytes(buf),
                     None,
