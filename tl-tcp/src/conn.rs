@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
+use std::time::Duration;
 
 use uct_core::{Completion, MemHandle, UctError};
 
@@ -76,16 +77,30 @@ pub struct Conn {
     rbuf: Vec<u8>,
     rpos: usize,
     max_data: usize,
+    /// Remembered: the kernel forgets it once the connection is reset.
+    peer: String,
 }
 
 impl Conn {
-    pub fn new(stream: TcpStream, max_data: usize) -> Result<Conn, UctError> {
+    /// Wraps a connected socket. `peer_timeout` bounds how long unacknowledged
+    /// data and a silent peer are tolerated before the kernel reports an
+    /// error (TCP_USER_TIMEOUT and keepalive).
+    pub fn new(
+        stream: TcpStream,
+        max_data: usize,
+        peer_timeout: Duration,
+    ) -> Result<Conn, UctError> {
         stream
             .set_nonblocking(true)
             .map_err(|e| UctError::io("tcp: set non-blocking", e))?;
         stream
             .set_nodelay(true)
             .map_err(|e| UctError::io("tcp: set TCP_NODELAY", e))?;
+        set_peer_timeout(&stream, peer_timeout)?;
+        let peer = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "an unknown peer".into());
         Ok(Conn {
             stream,
             sendq: VecDeque::new(),
@@ -93,14 +108,12 @@ impl Conn {
             rbuf: Vec::new(),
             rpos: 0,
             max_data,
+            peer,
         })
     }
 
     pub fn peer(&self) -> String {
-        self.stream
-            .peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| "?".into())
+        self.peer.clone()
     }
 
     /// Whether the send queue is over its limit.
@@ -277,6 +290,73 @@ impl Conn {
         }
         self.queued = 0;
     }
+}
+
+fn setsockopt(
+    stream: &TcpStream,
+    level: i32,
+    name: i32,
+    value: i32,
+    what: &str,
+) -> Result<(), UctError> {
+    // SAFETY: the fd is a live socket owned by `stream`; the option value is
+    // an int of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            level,
+            name,
+            &value as *const i32 as *const libc::c_void,
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(UctError::io(
+            format!("tcp: set {what}"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+fn set_peer_timeout(stream: &TcpStream, t: Duration) -> Result<(), UctError> {
+    let ms = t.as_millis().clamp(1, i32::MAX as u128) as i32;
+    let idle = (t.as_secs() / 3).clamp(1, 3600) as i32;
+    setsockopt(
+        stream,
+        libc::IPPROTO_TCP,
+        libc::TCP_USER_TIMEOUT,
+        ms,
+        "TCP_USER_TIMEOUT",
+    )?;
+    setsockopt(
+        stream,
+        libc::SOL_SOCKET,
+        libc::SO_KEEPALIVE,
+        1,
+        "SO_KEEPALIVE",
+    )?;
+    setsockopt(
+        stream,
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPIDLE,
+        idle,
+        "TCP_KEEPIDLE",
+    )?;
+    setsockopt(
+        stream,
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPINTVL,
+        1,
+        "TCP_KEEPINTVL",
+    )?;
+    setsockopt(
+        stream,
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPCNT,
+        3,
+        "TCP_KEEPCNT",
+    )
 }
 
 fn peer_error(what: &str, peer: &str, e: std::io::Error) -> UctError {

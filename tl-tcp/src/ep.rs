@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use uct_core::memory::iov_total;
 use uct_core::region_table::SoftRkey;
@@ -16,7 +17,7 @@ use crate::conn::{Conn, Payload};
 use crate::iface::{MAX_AM_HEADER, MAX_AM_ZCOPY, MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
 use crate::wire::{Header, WireAtomic, WireKey};
 
-enum Pending {
+enum Kind {
     GetBytes(Completion),
     GetIov(Vec<(MemHandle, usize, usize)>, Option<Completion>),
     Atomic(Completion),
@@ -34,12 +35,21 @@ pub(crate) struct EpState {
     nack: Option<UctError>,
     /// The connection failed: every operation fails with this.
     failed: Option<UctError>,
+    /// A request unanswered for this long fails the endpoint.
+    timeout: Duration,
+    last_check: Instant,
 }
 
-fn finish(p: Pending, r: std::result::Result<(), UctError>) {
+/// A request waiting for its reply, and when it was sent.
+struct Pending {
+    kind: Kind,
+    since: Instant,
+}
+
+fn finish(p: Kind, r: std::result::Result<(), UctError>) {
     match p {
-        Pending::GetBytes(c) | Pending::Atomic(c) => c.finish(r),
-        Pending::GetIov(_, c) | Pending::Flush(c) => {
+        Kind::GetBytes(c) | Kind::Atomic(c) => c.finish(r),
+        Kind::GetIov(_, c) | Kind::Flush(c) => {
             if let Some(c) = c {
                 c.finish(r)
             }
@@ -48,7 +58,7 @@ fn finish(p: Pending, r: std::result::Result<(), UctError>) {
 }
 
 impl EpState {
-    pub(crate) fn new(conn: Conn, peer: SocketAddr) -> Self {
+    pub(crate) fn new(conn: Conn, peer: SocketAddr, timeout: Duration) -> Self {
         EpState {
             conn,
             peer,
@@ -56,13 +66,33 @@ impl EpState {
             next_req: 1,
             nack: None,
             failed: None,
+            timeout,
+            last_check: Instant::now(),
         }
+    }
+
+    /// Fails the endpoint when a request has waited longer than the peer
+    /// timeout. Checked a few times a second, not on every progress call.
+    fn check_timeout(&mut self) -> Result<()> {
+        if self.pending.is_empty() || self.last_check.elapsed() < Duration::from_millis(100) {
+            return Ok(());
+        }
+        self.last_check = Instant::now();
+        if let Some(oldest) = self.pending.values().map(|p| p.since).min() {
+            if oldest.elapsed() > self.timeout {
+                return Err(UctError::EndpointFailed(format!(
+                    "tcp peer {} left a request unanswered for {:?} (UCT_TCP_PEER_TIMEOUT); it is dead or stuck",
+                    self.peer, self.timeout
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn fail(&mut self, err: UctError) {
         log::debug!("tcp endpoint to {}: {err}", self.peer);
         for (_, p) in self.pending.drain() {
-            finish(p, Err(err.clone()));
+            finish(p.kind, Err(err.clone()));
         }
         self.conn.fail_queued(&err);
         self.failed.get_or_insert(err);
@@ -81,6 +111,7 @@ impl EpState {
                 n += 1;
                 self.on_reply(h, data)?;
             }
+            self.check_timeout()?;
             Ok(n)
         })();
         r.unwrap_or_else(|e| {
@@ -93,15 +124,15 @@ impl EpState {
         let unknown = |req| UctError::Protocol(format!("reply to unknown request {req}"));
         match h {
             Header::GetReply { req, error } => {
-                match self.pending.remove(&req).ok_or_else(|| unknown(req))? {
-                    Pending::GetBytes(c) => match error {
+                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.kind {
+                    Kind::GetBytes(c) => match error {
                         Some(e) => c.finish(Err(e.into())),
                         None => {
                             c.set_data(CompletionData::Bytes(data));
                             c.finish(Ok(()));
                         }
                     },
-                    Pending::GetIov(iov, c) => {
+                    Kind::GetIov(iov, c) => {
                         let r = match error {
                             Some(e) => Err(e.into()),
                             None => scatter(&iov, &data),
@@ -120,8 +151,8 @@ impl EpState {
                 }
             }
             Header::AtomicReply { req, old, error } => {
-                match self.pending.remove(&req).ok_or_else(|| unknown(req))? {
-                    Pending::Atomic(c) => match error {
+                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.kind {
+                    Kind::Atomic(c) => match error {
                         Some(e) => c.finish(Err(e.into())),
                         None => {
                             c.set_data(CompletionData::Value(old));
@@ -138,8 +169,8 @@ impl EpState {
                 }
             }
             Header::FlushReply { req } => {
-                match self.pending.remove(&req).ok_or_else(|| unknown(req))? {
-                    Pending::Flush(c) => {
+                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.kind {
+                    Kind::Flush(c) => {
                         let r = match self.nack.take() {
                             Some(e) => Err(e),
                             None => Ok(()),
@@ -176,7 +207,7 @@ impl Drop for EpState {
     fn drop(&mut self) {
         for (_, p) in self.pending.drain() {
             finish(
-                p,
+                p.kind,
                 Err(UctError::Canceled("the tcp endpoint was closed".into())),
             );
         }
@@ -283,7 +314,7 @@ impl TcpEp {
     fn request(
         &mut self,
         make: impl FnOnce(u64) -> Header,
-        pending: Pending,
+        pending: Kind,
         comp: Option<&Completion>,
     ) -> Result<Status> {
         let mut s = self.live()?;
@@ -302,7 +333,13 @@ impl TcpEp {
         if let Some(c) = comp {
             c.start();
         }
-        s.pending.insert(req, pending);
+        s.pending.insert(
+            req,
+            Pending {
+                kind: pending,
+                since: Instant::now(),
+            },
+        );
         Ok(Status::InProgress)
     }
 
@@ -415,7 +452,7 @@ impl Endpoint for TcpEp {
                 addr: remote_addr,
                 len: len as u64,
             },
-            Pending::GetBytes(comp.clone()),
+            Kind::GetBytes(comp.clone()),
             Some(comp),
         )
     }
@@ -437,7 +474,7 @@ impl Endpoint for TcpEp {
                 addr: remote_addr,
                 len: len as u64,
             },
-            Pending::GetIov(list, comp.cloned()),
+            Kind::GetIov(list, comp.cloned()),
             comp,
         )
     }
@@ -520,7 +557,7 @@ impl Endpoint for TcpEp {
                 op: wop,
                 value: value.as_u64(),
             },
-            Pending::Atomic(comp.clone()),
+            Kind::Atomic(comp.clone()),
             Some(comp),
         )
     }
@@ -528,7 +565,7 @@ impl Endpoint for TcpEp {
     fn flush(&mut self, comp: Option<&Completion>) -> Result<Status> {
         self.request(
             |req| Header::Flush { req },
-            Pending::Flush(comp.cloned()),
+            Kind::Flush(comp.cloned()),
             comp,
         )
     }

@@ -76,6 +76,7 @@ pub struct TcpIface {
     accepted: Vec<Conn>,
     /// This iface's own endpoints, progressed here.
     eps: Vec<Weak<Mutex<EpState>>>,
+    peer_timeout: Duration,
 }
 
 fn ip_bytes(ip: IpAddr) -> [u8; 16] {
@@ -101,6 +102,7 @@ impl TcpIface {
         dev: NetDevice,
         md: Arc<dyn MemoryDomain>,
         table: Arc<RegionTable>,
+        peer_timeout: Duration,
     ) -> Result<TcpIface> {
         let listener = TcpListener::bind(SocketAddr::new(dev.addr, 0))
             .map_err(|e| UctError::io(format!("tcp: listen on {} ({})", dev.name, dev.addr), e))?;
@@ -116,6 +118,7 @@ impl TcpIface {
             handlers: (0..AM_IDS).map(|_| None).collect(),
             accepted: Vec::new(),
             eps: Vec::new(),
+            peer_timeout,
         })
     }
 
@@ -123,7 +126,7 @@ impl TcpIface {
         let mut n = 0;
         loop {
             match self.listener.accept() {
-                Ok((s, peer)) => match Conn::new(s, MAX_FRAME_DATA) {
+                Ok((s, peer)) => match Conn::new(s, MAX_FRAME_DATA, self.peer_timeout) {
                     Ok(c) => {
                         log::debug!("tcp {}: accepted {peer}", self.dev.name);
                         self.accepted.push(c);
@@ -406,8 +409,9 @@ impl Iface for TcpIface {
         let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
             .map_err(|e| UctError::Unreachable(format!("tcp connect to {addr}: {e}")))?;
         let state = Arc::new(Mutex::new(EpState::new(
-            Conn::new(stream, MAX_FRAME_DATA)?,
+            Conn::new(stream, MAX_FRAME_DATA, self.peer_timeout)?,
             addr,
+            self.peer_timeout,
         )));
         self.eps.retain(|w| w.strong_count() > 0);
         self.eps.push(Arc::downgrade(&state));

@@ -11,6 +11,9 @@ pub mod wire;
 
 use std::sync::{Arc, OnceLock};
 
+use std::time::Duration;
+
+use uct_core::config::{Config, ConfigKind, ConfigVar};
 use uct_core::host_md::HostMd;
 use uct_core::{
     BuiltinComponent, Component, DeviceType, Iface, IfaceParams, MemoryDomain, RemoteKey, Result,
@@ -20,6 +23,23 @@ use uct_core::{
 pub use iface::TcpIface;
 
 const NAME: &str = "tcp";
+
+/// The tcp component's configuration.
+pub const TCP_CONFIG: &[ConfigVar] = &[ConfigVar {
+    name: "UCT_TCP_PEER_TIMEOUT",
+    default: "10s",
+    kind: ConfigKind::Duration,
+    doc: "How long a tcp peer may leave requests unanswered, or data unacknowledged, before its endpoint fails and every pending operation completes with an error.",
+}];
+
+fn peer_timeout() -> Duration {
+    let (cfg, errors) = Config::from_env_lenient(&[(NAME, TCP_CONFIG)]);
+    for e in errors {
+        log::error!("{e}; using its default");
+    }
+    cfg.get_duration("UCT_TCP_PEER_TIMEOUT")
+        .unwrap_or(Duration::from_secs(10))
+}
 
 /// The tcp component: one host MD, one transport per network interface.
 pub struct TcpComponent {
@@ -43,6 +63,10 @@ impl Component for TcpComponent {
 
     fn transport_names(&self) -> Vec<String> {
         vec![NAME.into()]
+    }
+
+    fn config_table(&self) -> &'static [ConfigVar] {
+        TCP_CONFIG
     }
 
     fn md_names(&self) -> Result<Vec<String>> {
@@ -99,6 +123,7 @@ impl Component for TcpComponent {
             dev,
             md.clone(),
             host.table().clone(),
+            peer_timeout(),
         )?))
     }
 

@@ -1,0 +1,237 @@
+//! Peer failure over tcp: a peer process killed in the middle of a stream
+//! of puts, and a peer that accepts but never answers. Pending operations
+//! must fail with an error within UCT_TCP_PEER_TIMEOUT; other endpoints
+//! keep working; nothing hangs.
+//!
+//! The killed peer is this test binary started again with
+//! `UCT_TCP_TEST_ROLE=server`: it opens a tcp iface on lo, prints its
+//! addresses and an rkey on stdout, and serves until killed.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use uct_core::{
+    Access, Completion, EpParams, Iface, Iov, MemoryType, Registry, RkeyBundle, Status, UctError,
+};
+
+use tl_tcp as _;
+
+const TIMEOUT_MS: u64 = 1500;
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .filter_map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok())
+        .collect()
+}
+
+fn open_lo() -> Box<dyn Iface> {
+    Registry::global()
+        .open_iface("tcp", Some("lo"), &Default::default())
+        .expect("tcp on lo")
+}
+
+/// The child: serve puts until killed.
+fn serve() -> ! {
+    let mut iface = open_lo();
+    let mem = iface
+        .md()
+        .alloc(1 << 20, MemoryType::Host, Access::all())
+        .unwrap();
+    let rkey = RkeyBundle::single(iface.md().pack_rkey(&mem).unwrap())
+        .pack()
+        .unwrap();
+    println!(
+        "READY {} {} {} {:x}",
+        hex(&iface.device_address()),
+        hex(&iface.iface_address()),
+        hex(&rkey),
+        mem.addr()
+    );
+    loop {
+        iface.progress();
+    }
+}
+
+/// Progresses until `comp` completes or `limit` passes; returns how long
+/// it took and the result.
+fn wait(
+    iface: &mut dyn Iface,
+    comp: &Completion,
+    limit: Duration,
+) -> (Duration, Option<Result<(), UctError>>) {
+    let t0 = Instant::now();
+    while !comp.is_complete() {
+        iface.progress();
+        if t0.elapsed() > limit {
+            return (t0.elapsed(), None);
+        }
+    }
+    (t0.elapsed(), Some(comp.result()))
+}
+
+fn killed_peer() -> Result<(), Failed> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .env("UCT_TCP_TEST_ROLE", "server")
+        .env("UCT_TCP_PEER_TIMEOUT", format!("{TIMEOUT_MS}ms"))
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    if f.len() != 5 || f[0] != "READY" {
+        let _ = child.kill();
+        return Err(format!("child said: {line:?}").into());
+    }
+    let reg = Registry::global();
+    let mut tx = open_lo();
+    let rkey = reg.unpack_rkey(&unhex(f[3]), "tcp")?;
+    let base = u64::from_str_radix(f[4], 16)?;
+    let mut ep = tx.create_ep(EpParams::ToIface {
+        device_addr: unhex(f[1]),
+        iface_addr: unhex(f[2]),
+    })?;
+    let local = tx.md().alloc(64 << 10, MemoryType::Host, Access::all())?;
+
+    // A healthy stream first.
+    let comp = Completion::new();
+    for i in 0..64u64 {
+        let iov = [Iov::whole(&local)];
+        while ep.put_zcopy(&iov, base + (i % 16) * (64 << 10), &rkey, Some(&comp))?
+            == Status::NoResource
+        {
+            tx.progress();
+        }
+    }
+    let flush = Completion::new();
+    let _ = ep.flush(Some(&flush))?;
+    let (_, r) = wait(tx.as_mut(), &flush, Duration::from_secs(20));
+    r.ok_or("flush to the live peer did not complete")??;
+
+    // Kill it in the middle of the next stream.
+    let comp = Completion::new();
+    for i in 0..32u64 {
+        let iov = [Iov::whole(&local)];
+        let _ = ep.put_zcopy(&iov, base + (i % 16) * (64 << 10), &rkey, Some(&comp));
+        if i == 8 {
+            child.kill()?;
+            child.wait()?;
+        }
+    }
+    let flush = Completion::new();
+    let posted = ep.flush(Some(&flush));
+    let limit = Duration::from_millis(TIMEOUT_MS * 4);
+    match posted {
+        Err(e) => println!("peer_failure: flush after kill refused at once: {e}"),
+        Ok(_) => {
+            let (took, r) = wait(tx.as_mut(), &flush, limit);
+            let r = r.ok_or(format!(
+                "pending flush still pending {limit:?} after the peer died"
+            ))?;
+            let e = r.err().ok_or("flush to a killed peer succeeded")?;
+            println!("peer_failure: pending flush failed after {took:?}: {e}");
+        }
+    }
+    // The puts in flight when it died have all completed, one way or another.
+    let (_, r) = wait(tx.as_mut(), &comp, limit);
+    r.ok_or(format!("puts still pending {limit:?} after the peer died"))?
+        .ok();
+
+    // Later operations fail at once, with an error.
+    let e = ep
+        .am_bcopy(1, b"x")
+        .err()
+        .ok_or("an AM to a dead peer was accepted")?;
+    if !matches!(e, UctError::EndpointFailed(_)) {
+        return Err(format!("expected EndpointFailed, got {e}").into());
+    }
+
+    // Another endpoint on the same iface still works.
+    let mut rx = open_lo();
+    let mem = rx.md().alloc(4096, MemoryType::Host, Access::all())?;
+    let rk = reg.unpack_rkey(&RkeyBundle::single(rx.md().pack_rkey(&mem)?).pack()?, "tcp")?;
+    let mut ep2 = tx.create_ep(EpParams::ToIface {
+        device_addr: rx.device_address(),
+        iface_addr: rx.iface_address(),
+    })?;
+    let _ = ep2.put_bcopy(b"alive", mem.addr(), &rk)?;
+    let f2 = Completion::new();
+    let _ = ep2.flush(Some(&f2))?;
+    let t0 = Instant::now();
+    while !f2.is_complete() {
+        tx.progress();
+        rx.progress();
+        if t0.elapsed() > Duration::from_secs(10) {
+            return Err("the second endpoint did not complete".into());
+        }
+    }
+    f2.result()?;
+    let mut got = [0u8; 5];
+    mem.read(0, &mut got)?;
+    if &got != b"alive" {
+        return Err("the second endpoint's put did not land".into());
+    }
+    Ok(())
+}
+
+fn silent_peer() -> Result<(), Failed> {
+    // Accepts, then never reads or answers.
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let holder = std::thread::spawn(move || {
+        let s = listener.accept();
+        std::thread::sleep(Duration::from_millis(TIMEOUT_MS * 3));
+        drop(s);
+    });
+    let mut tx = open_lo();
+    let ip = std::net::Ipv4Addr::LOCALHOST
+        .to_ipv6_mapped()
+        .octets()
+        .to_vec();
+    let mut ep = tx.create_ep(EpParams::ToIface {
+        device_addr: ip,
+        iface_addr: port.to_le_bytes().to_vec(),
+    })?;
+    let mem = tx.md().alloc(64, MemoryType::Host, Access::all())?;
+    let rkey = Registry::global()
+        .unpack_rkey(&RkeyBundle::single(tx.md().pack_rkey(&mem)?).pack()?, "tcp")?;
+    let comp = Completion::new();
+    let st = ep.get_bcopy(8, 0x1000, &rkey, &comp)?;
+    if st != Status::InProgress {
+        return Err(format!("get to a silent peer returned {st:?}").into());
+    }
+    let (took, r) = wait(tx.as_mut(), &comp, Duration::from_millis(TIMEOUT_MS * 3));
+    let r = r.ok_or("the get to a silent peer never failed")?;
+    let e = r.err().ok_or("the get to a silent peer succeeded")?;
+    if took < Duration::from_millis(TIMEOUT_MS) {
+        return Err(
+            format!("failed after {took:?}, before the {TIMEOUT_MS} ms timeout: {e}").into(),
+        );
+    }
+    if !e.to_string().contains("UCT_TCP_PEER_TIMEOUT") {
+        return Err(format!("the error does not name the timeout: {e}").into());
+    }
+    println!("peer_failure: silent peer failed after {took:?}: {e}");
+    holder.join().map_err(|_| "holder thread panicked")?;
+    Ok(())
+}
+
+fn main() {
+    if std::env::var("UCT_TCP_TEST_ROLE").as_deref() == Ok("server") {
+        serve();
+    }
+    // This process's own tcp ifaces use the short timeout too.
+    std::env::set_var("UCT_TCP_PEER_TIMEOUT", format!("{TIMEOUT_MS}ms"));
+    let args = Arguments::from_args();
+    let trials = vec![
+        Trial::test("tcp_peer_killed_mid_stream", killed_peer),
+        Trial::test("tcp_silent_peer_times_out", silent_peer),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
