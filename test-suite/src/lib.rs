@@ -5,6 +5,7 @@
 pub mod cases;
 pub mod modules;
 pub mod pair;
+pub mod target;
 
 pub use cases::{all as all_cases, not_applicable, Case};
 pub use pair::{Pair, TestResult};

@@ -1,31 +1,34 @@
-//! A connected pair of ifaces of one transport, with helpers to allocate
-//! memory, exchange rkeys through the full pack/unpack path, and drive
-//! progress until something happens.
+//! A connected pair: an initiator iface with an endpoint to a target iface
+//! of the same transport. The target is in this process or in a child
+//! process (see [`crate::target`]); cases see no difference.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use uct_core::memory::MemBacking;
 use uct_core::{
     Access, Caps, Completion, Endpoint, EpParams, Iface, IfaceParams, MdFlags, MemHandle,
-    MemRegion, MemoryDomain, MemoryType, Registry, RemoteKey, Resource, RkeyBundle, Status,
-    UctError,
+    MemRegion, MemoryType, Registry, RemoteKey, Resource, Status, UctError,
 };
+
+use crate::target::{InProcess, RemoteMem, Spawned, Target};
 
 /// How long any wait in the suite may take before the test fails.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// Sender and receiver ifaces of one transport, connected by `ep`.
-pub struct Pair {
-    pub reg: &'static Registry,
-    pub resource: Resource,
-    pub tx: Box<dyn Iface>,
-    pub rx: Option<Box<dyn Iface>>,
-    pub ep: Box<dyn Endpoint>,
-    /// The receiver's endpoint back, for CONNECT_TO_EP transports.
-    pub rx_ep: Option<Box<dyn Endpoint>>,
-    /// Host buffers registered (not allocated) by an MD, kept alive here.
-    buffers: Vec<Box<[u8]>>,
+/// Where the target iface runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    InProcess,
+    TwoProcesses,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::InProcess => "1proc",
+            Mode::TwoProcesses => "2proc",
+        }
+    }
 }
 
 /// Test failure with a message.
@@ -52,10 +55,22 @@ macro_rules! ensure {
     };
 }
 
+/// Initiator, endpoint and target.
+pub struct Pair {
+    pub reg: &'static Registry,
+    pub resource: Resource,
+    pub mode: Mode,
+    pub tx: Box<dyn Iface>,
+    pub ep: Box<dyn Endpoint>,
+    pub target: Box<dyn Target>,
+    /// Host buffers registered (not allocated) by the MD, kept alive here.
+    buffers: Vec<Box<[u8]>>,
+}
+
 impl Pair {
-    /// Opens two ifaces of `resource` and connects an endpoint from the
-    /// first to the second.
-    pub fn new(reg: &'static Registry, resource: &Resource) -> Result<Pair, String> {
+    /// Opens the initiator iface and the target (here or in a child), and
+    /// connects an endpoint from the first to the second.
+    pub fn new(reg: &'static Registry, resource: &Resource, mode: Mode) -> Result<Pair, String> {
         let open = || {
             resource
                 .component
@@ -63,34 +78,33 @@ impl Pair {
                 .ctx("open iface")
         };
         let mut tx = open()?;
-        let mut rx = open()?;
-        let caps = tx.attrs().caps;
-        let (ep, rx_ep) = if caps.contains(Caps::CONNECT_TO_IFACE) {
-            let ep = tx
-                .create_ep(EpParams::ToIface {
-                    device_addr: rx.device_address(),
-                    iface_addr: rx.iface_address(),
-                })
-                .ctx("create endpoint")?;
-            (ep, None)
+        let mut target: Box<dyn Target> = match mode {
+            Mode::InProcess => Box::new(InProcess::new(open()?)),
+            Mode::TwoProcesses => {
+                Box::new(Spawned::spawn(&resource.tl.transport, &resource.tl.device)?)
+            }
+        };
+        let ep = if tx.attrs().caps.contains(Caps::CONNECT_TO_IFACE) {
+            tx.create_ep(EpParams::ToIface {
+                device_addr: target.device_address(),
+                iface_addr: target.iface_address(),
+            })
+            .ctx("create endpoint")?
         } else {
-            let mut a = tx.create_ep(EpParams::Unconnected).ctx("create endpoint")?;
-            let mut b = rx.create_ep(EpParams::Unconnected).ctx("create endpoint")?;
-            let (aa, ba) = (
-                a.ep_address().ctx("ep address")?,
-                b.ep_address().ctx("ep address")?,
-            );
-            a.connect_to_ep(&rx.device_address(), &ba).ctx("connect")?;
-            b.connect_to_ep(&tx.device_address(), &aa).ctx("connect")?;
-            (a, Some(b))
+            let mut ep = tx.create_ep(EpParams::Unconnected).ctx("create endpoint")?;
+            let theirs = target.create_ep()?;
+            ep.connect_to_ep(&target.device_address(), &theirs)
+                .ctx("connect")?;
+            target.connect_ep(&tx.device_address(), &ep.ep_address().ctx("ep address")?)?;
+            ep
         };
         Ok(Pair {
             reg,
             resource: resource.clone(),
+            mode,
             tx,
-            rx: Some(rx),
             ep,
-            rx_ep,
+            target,
             buffers: Vec::new(),
         })
     }
@@ -103,17 +117,9 @@ impl Pair {
         self.tx.attrs().clone()
     }
 
-    pub fn rx(&mut self) -> &mut Box<dyn Iface> {
-        self.rx.as_mut().expect("receiver iface is open")
-    }
-
-    fn md(&self) -> Arc<dyn MemoryDomain> {
-        self.resource.md.clone()
-    }
-
-    /// Host memory of `len` bytes registered with the transport's MD.
+    /// Local host memory registered with the transport's MD.
     pub fn alloc(&mut self, len: usize, access: Access) -> Result<MemHandle, String> {
-        let md = self.md();
+        let md = self.resource.md.clone();
         let attrs = md.attrs();
         if attrs.flags.contains(MdFlags::ALLOC) && attrs.alloc_mem_types.contains(&MemoryType::Host)
         {
@@ -127,41 +133,57 @@ impl Pair {
         Ok(mem)
     }
 
-    /// Packs `mem`'s rkey as a peer would receive it.
-    pub fn packed_rkey(&self, mem: &MemHandle) -> Result<Vec<u8>, String> {
-        let entry = self.md().pack_rkey(mem).ctx("pack rkey")?;
-        RkeyBundle::single(entry).pack().ctx("pack bundle")
+    /// Target memory.
+    pub fn remote(&mut self, len: usize, access: Access) -> Result<RemoteMem, String> {
+        self.target.alloc(len, access)
     }
 
-    /// Packs and unpacks `mem`'s rkey through the registry.
-    pub fn rkey(&self, mem: &MemHandle) -> Result<RemoteKey, String> {
-        let bytes = self.packed_rkey(mem)?;
+    /// Unpacks a target region's rkey through the registry, as a peer does.
+    pub fn rkey(&self, mem: &RemoteMem) -> Result<RemoteKey, String> {
         self.reg
-            .unpack_rkey(&bytes, self.md().name())
+            .unpack_rkey(&mem.rkey, self.resource.md.name())
             .ctx("unpack rkey")
+    }
+
+    pub fn remote_read(
+        &mut self,
+        mem: &RemoteMem,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<u8>, String> {
+        self.target.read(mem, offset, len)
+    }
+
+    pub fn remote_write(&mut self, mem: &RemoteMem, offset: usize, data: &[u8]) -> TestResult {
+        self.target.write(mem, offset, data)
     }
 
     /// Progress on both sides once.
     pub fn progress(&mut self) -> usize {
-        let mut n = self.tx.progress();
-        if let Some(rx) = self.rx.as_mut() {
-            n += rx.progress();
-        }
-        n
+        self.tx.progress() + self.target.progress()
     }
 
-    /// Progresses until `done()` or the suite's timeout.
-    pub fn progress_until(&mut self, what: &str, mut done: impl FnMut() -> bool) -> TestResult {
+    /// Progresses until `done` says so or the suite's timeout.
+    pub fn wait_for(
+        &mut self,
+        what: &str,
+        mut done: impl FnMut(&mut Pair) -> Result<bool, String>,
+    ) -> TestResult {
         let t0 = Instant::now();
-        while !done() {
-            if self.progress() == 0 {
-                std::hint::spin_loop();
-            }
+        while !done(self)? {
+            self.progress();
             if t0.elapsed() > WAIT {
                 return Err(format!("timed out after {WAIT:?} waiting for {what}"));
             }
         }
         Ok(())
+    }
+
+    /// Waits until `n` active messages with `id` have arrived.
+    pub fn wait_inbox(&mut self, id: u8, n: usize) -> TestResult {
+        self.wait_for(&format!("{n} active messages on id {id}"), |p| {
+            Ok(p.target.inbox_len(id)? >= n)
+        })
     }
 
     /// Posts with `op`, progressing and retrying on NoResource; waits for
@@ -187,9 +209,14 @@ impl Pair {
                 }
             }
         }
-        let c = comp.clone();
-        self.progress_until(what, || c.is_complete())
-            .map_err(UctError::Timeout)?;
+        while !comp.is_complete() {
+            self.progress();
+            if t0.elapsed() > WAIT {
+                return Err(UctError::Timeout(format!(
+                    "{what}: not complete after {WAIT:?}"
+                )));
+            }
+        }
         comp.result()
     }
 
@@ -197,6 +224,23 @@ impl Pair {
     pub fn flush(&mut self) -> Result<(), UctError> {
         let comp = Completion::new();
         self.post_wait("flush", &comp, |ep, c| ep.flush(Some(c)))
+    }
+
+    /// Posts an operation that must fail: the error comes back from the
+    /// post, from its completion, or from the flush after it.
+    pub fn expect_failure(
+        &mut self,
+        what: &str,
+        op: impl FnMut(&mut dyn Endpoint, &Completion) -> Result<Status, UctError>,
+    ) -> Result<UctError, String> {
+        let comp = Completion::new();
+        match self.post_wait(what, &comp, op) {
+            Err(e) => Ok(e),
+            Ok(()) => match self.flush() {
+                Err(e) => Ok(e),
+                Ok(()) => Err(format!("{what} succeeded, but it must fail")),
+            },
+        }
     }
 }
 
@@ -230,48 +274,4 @@ pub fn fake_device_memory(mem_type: MemoryType) -> MemHandle {
         "fake-device",
         Box::new(NoBacking),
     )
-}
-
-/// Collects what an active-message handler receives.
-pub type Inbox = Arc<Mutex<Vec<(u8, Vec<u8>)>>>;
-
-/// Installs a handler for `id` on the receiver that stores messages.
-pub fn inbox(pair: &mut Pair, id: u8) -> Result<Inbox, String> {
-    let inbox: Inbox = Arc::default();
-    let sink = inbox.clone();
-    pair.rx()
-        .set_am_handler(
-            id,
-            Box::new(move |m| {
-                sink.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((m.id, m.data.to_vec()))
-            }),
-        )
-        .ctx("set AM handler")?;
-    Ok(inbox)
-}
-
-/// Number of messages in an inbox.
-pub fn count(inbox: &Inbox) -> usize {
-    inbox.lock().unwrap_or_else(|p| p.into_inner()).len()
-}
-
-impl Pair {
-    /// Posts an operation that must fail: the error comes back from the
-    /// post, from its completion, or from the flush after it.
-    pub fn expect_failure(
-        &mut self,
-        what: &str,
-        op: impl FnMut(&mut dyn Endpoint, &Completion) -> Result<Status, UctError>,
-    ) -> Result<UctError, String> {
-        let comp = Completion::new();
-        match self.post_wait(what, &comp, op) {
-            Err(e) => Ok(e),
-            Ok(()) => match self.flush() {
-                Err(e) => Ok(e),
-                Ok(()) => Err(format!("{what} succeeded, but it must fail")),
-            },
-        }
-    }
 }

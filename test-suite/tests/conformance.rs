@@ -1,13 +1,16 @@
-//! Runs every conformance case over every transport the registry finds, and
-//! names each known transport that is absent with the reason it is absent.
+//! Runs every conformance case over every transport the registry finds, in
+//! one process and across two (the target in a child process connected
+//! through the bootstrap channel), and names each known transport that is
+//! absent with the reason it is absent.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use libtest_mimic::{Arguments, Failed, Trial};
+use test_suite::pair::Mode;
 use test_suite::{all_cases, not_applicable, Pair};
 use uct_core::registry::KNOWN_TRANSPORTS;
-use uct_core::{Access, MemoryType, Registry, Resource};
+use uct_core::{Access, DeviceType, MemoryType, Registry, Resource};
 // Built-in transports register themselves when linked.
 use tl_tcp as _;
 
@@ -18,22 +21,33 @@ struct Tally {
     not_applicable: usize,
 }
 
-/// Whether the MD's rkeys are software keys with a secret.
+type Tallies = Arc<Mutex<BTreeMap<String, Tally>>>;
+
+/// Whether the MD's rkey payloads begin with a software key (a secret).
 fn has_soft_rkey(r: &Resource) -> bool {
     r.md.alloc(64, MemoryType::Host, Access::all())
         .and_then(|m| r.md.pack_rkey(&m))
         .ok()
-        .and_then(|e| {
-            uct_core::rkey::decode_payload::<uct_core::region_table::SoftRkey>(&e.payload).ok()
+        .is_some_and(|e| {
+            postcard::take_from_bytes::<uct_core::region_table::SoftRkey>(&e.payload).is_ok()
         })
-        .is_some()
+}
+
+fn record(tally: &Tallies, key: &str, f: impl FnOnce(&mut Tally)) {
+    f(tally
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(key.to_string())
+        .or_default());
 }
 
 fn main() {
+    // A child started by a two-process case serves its target here.
+    test_suite::target::run_agent_if_asked();
     uct_core::logging::init();
     let args = Arguments::from_args();
     let reg: &'static Registry = Registry::global();
-    let tally: Arc<Mutex<BTreeMap<String, Tally>>> = Arc::default();
+    let tally: Tallies = Arc::default();
 
     // One device per transport is enough for conformance.
     let mut resources: Vec<Resource> = Vec::new();
@@ -42,31 +56,34 @@ fn main() {
             resources.push(r);
         }
     }
-
-    println!("conformance: transports found: {}", {
-        let names: Vec<String> = resources
-            .iter()
-            .map(|r| {
-                format!(
-                    "{} ({}/{})",
-                    r.tl.transport,
-                    r.component.name(),
-                    r.tl.device
-                )
-            })
-            .collect();
+    let names: Vec<String> = resources
+        .iter()
+        .map(|r| {
+            format!(
+                "{} ({}/{})",
+                r.tl.transport,
+                r.component.name(),
+                r.tl.device
+            )
+        })
+        .collect();
+    println!(
+        "conformance: transports found: {}",
         if names.is_empty() {
             "none".into()
         } else {
             names.join(", ")
         }
-    });
+    );
+
     let mut trials = Vec::new();
     let mut skipped = Vec::new();
     for (tl, _) in KNOWN_TRANSPORTS {
         if !resources.iter().any(|r| r.tl.transport == *tl) {
-            let reason = reg.explain_absent(tl);
-            println!("conformance: SKIPPED transport {tl}: {reason}");
+            println!(
+                "conformance: SKIPPED transport {tl}: {}",
+                reg.explain_absent(tl)
+            );
             skipped.push(tl.to_string());
             trials.push(Trial::test(format!("{tl}::all_cases"), || Ok(())).with_ignored_flag(true));
         }
@@ -78,7 +95,7 @@ fn main() {
             Ok(i) => i.attrs().caps,
             Err(e) => {
                 println!("conformance: transport {tl} is listed but its iface does not open: {e}");
-                tally.lock().unwrap().entry(tl.clone()).or_default().failed += 1;
+                record(&tally, &tl, |t| t.failed += 1);
                 trials.push(Trial::test(format!("{tl}::open_iface"), move || {
                     Err(Failed::from(format!("open iface: {e}")))
                 }));
@@ -86,44 +103,45 @@ fn main() {
             }
         };
         let soft = has_soft_rkey(r);
-        for case in all_cases() {
-            let name = format!("{tl}::{}", case.name);
-            if let Some(why) = not_applicable(&case, caps, soft) {
-                println!("conformance: {name} not applicable: {why}");
-                tally
-                    .lock()
-                    .unwrap()
-                    .entry(tl.clone())
-                    .or_default()
-                    .not_applicable += 1;
-                trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
+        for mode in [Mode::InProcess, Mode::TwoProcesses] {
+            let key = format!("{tl} ({})", mode.name());
+            if mode == Mode::TwoProcesses && r.tl.device_type == DeviceType::SelfLoop {
+                println!(
+                    "conformance: {tl}::{}: not applicable: {tl} reaches its own process only",
+                    mode.name()
+                );
                 continue;
             }
-            let r = r.clone();
-            let tally = tally.clone();
-            let tl = tl.clone();
-            trials.push(Trial::test(name, move || {
-                let res = Pair::new(reg, &r).and_then(|mut p| (case.run)(&mut p));
-                let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
-                let e = t.entry(tl).or_default();
-                match res {
-                    Ok(()) => {
-                        e.passed += 1;
-                        Ok(())
-                    }
-                    Err(msg) => {
-                        e.failed += 1;
-                        Err(Failed::from(msg))
-                    }
+            for case in all_cases() {
+                let name = format!("{tl}::{}::{}", mode.name(), case.name);
+                if let Some(why) = not_applicable(&case, caps, soft, mode) {
+                    println!("conformance: {name} not applicable: {why}");
+                    record(&tally, &key, |t| t.not_applicable += 1);
+                    trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
+                    continue;
                 }
-            }));
+                let r = r.clone();
+                let tally = tally.clone();
+                let key = key.clone();
+                trials.push(Trial::test(name, move || {
+                    let res = Pair::new(reg, &r, mode).and_then(|mut p| (case.run)(&mut p));
+                    record(&tally, &key, |t| {
+                        if res.is_ok() {
+                            t.passed += 1
+                        } else {
+                            t.failed += 1
+                        }
+                    });
+                    res.map_err(Failed::from)
+                }));
+            }
         }
     }
 
     let conclusion = libtest_mimic::run(&args, trials);
-    for (tl, t) in tally.lock().unwrap().iter() {
+    for (key, t) in tally.lock().unwrap_or_else(|e| e.into_inner()).iter() {
         println!(
-            "conformance: transport {tl}: {} passed, {} failed, {} not applicable",
+            "conformance: transport {key}: {} passed, {} failed, {} not applicable",
             t.passed, t.failed, t.not_applicable
         );
     }

@@ -290,6 +290,28 @@ impl BootstrapChannel {
         self.recv_msg()
     }
 
+    /// Whether a message (or a close) is waiting, after at most `timeout`.
+    /// Lets a caller interleave other work with listening.
+    pub fn poll_readable(&self, timeout: Duration) -> Result<bool> {
+        use std::os::fd::AsRawFd;
+        let mut pfd = libc::pollfd {
+            fd: self.stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd for a socket this channel owns.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == ErrorKind::Interrupted {
+                return Ok(false);
+            }
+            return Err(io_err("poll", e));
+        }
+        Ok(r > 0)
+    }
+
     /// Waits until both sides reach this point.
     pub fn barrier(&mut self) -> Result<()> {
         self.send(b"barrier")?;

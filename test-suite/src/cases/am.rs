@@ -4,7 +4,7 @@ use uct_core::{Access, Caps, Completion, Iov};
 
 use super::{case, Case};
 use crate::ensure;
-use crate::pair::{count, inbox, pattern, Context, Inbox, Pair, TestResult};
+use crate::pair::{pattern, Context, Pair, TestResult};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -16,8 +16,16 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
-fn take(inbox: &Inbox) -> Vec<(u8, Vec<u8>)> {
-    std::mem::take(&mut *inbox.lock().unwrap_or_else(|e| e.into_inner()))
+/// Waits for exactly one message on `id` and returns it.
+fn one(p: &mut Pair, id: u8) -> Result<Vec<u8>, String> {
+    p.wait_inbox(id, 1)?;
+    let mut v = p.target.take_inbox(id)?;
+    ensure!(
+        v.len() == 1,
+        "{} messages arrived on id {id}, 1 was sent",
+        v.len()
+    );
+    Ok(v.remove(0))
 }
 
 fn am_short(p: &mut Pair) -> TestResult {
@@ -26,7 +34,7 @@ fn am_short(p: &mut Pair) -> TestResult {
         max >= 8,
         "am max_short {max} leaves no room for the 8-byte header"
     );
-    let inbox = inbox(p, 3)?;
+    p.target.listen(3)?;
     for (i, len) in [0usize, 1, 8, (max - 8) / 2, max - 8]
         .into_iter()
         .enumerate()
@@ -36,9 +44,7 @@ fn am_short(p: &mut Pair) -> TestResult {
         let c = Completion::new();
         p.post_wait("am_short", &c, |ep, _| ep.am_short(3, header, &payload))
             .ctx("am_short")?;
-        p.progress_until("am_short delivery", || count(&inbox) == 1)?;
-        let (id, data) = take(&inbox).remove(0);
-        ensure!(id == 3, "message arrived with id {id}, sent with 3");
+        let data = one(p, 3)?;
         ensure!(
             data.len() == 8 + len,
             "received {} bytes, sent 8 + {len}",
@@ -58,14 +64,13 @@ fn am_short(p: &mut Pair) -> TestResult {
 
 fn am_bcopy(p: &mut Pair) -> TestResult {
     let max = p.attrs().am.max_bcopy;
-    let inbox = inbox(p, 5)?;
+    p.target.listen(5)?;
     for (i, len) in [1usize, 100, 4096, max / 2, max].into_iter().enumerate() {
         let data = pattern(len, 1100 + i as u64);
         let c = Completion::new();
         p.post_wait("am_bcopy", &c, |ep, _| ep.am_bcopy(5, &data))
             .ctx("am_bcopy")?;
-        p.progress_until("am_bcopy delivery", || count(&inbox) == 1)?;
-        let (_, got) = take(&inbox).remove(0);
+        let got = one(p, 5)?;
         ensure!(
             got == data,
             "am_bcopy of {len} bytes arrived changed ({} bytes)",
@@ -77,7 +82,7 @@ fn am_bcopy(p: &mut Pair) -> TestResult {
 
 fn am_zcopy(p: &mut Pair) -> TestResult {
     let attrs = p.attrs();
-    let inbox = inbox(p, 7)?;
+    p.target.listen(7)?;
     let header = pattern(attrs.max_am_header.min(32), 1200);
     let n = attrs.am.max_iov.clamp(1, 3);
     let piece = ((attrs.am.max_zcopy - header.len()) / n).min(8192);
@@ -96,8 +101,7 @@ fn am_zcopy(p: &mut Pair) -> TestResult {
         ep.am_zcopy(7, &header, &iov, Some(c))
     })
     .ctx("am_zcopy")?;
-    p.progress_until("am_zcopy delivery", || count(&inbox) == 1)?;
-    let (_, got) = take(&inbox).remove(0);
+    let got = one(p, 7)?;
     ensure!(
         got == want,
         "am_zcopy of {} bytes arrived changed ({} bytes)",
@@ -109,16 +113,20 @@ fn am_zcopy(p: &mut Pair) -> TestResult {
 
 /// Messages on one endpoint arrive in the order sent.
 fn am_order(p: &mut Pair) -> TestResult {
-    let inbox = inbox(p, 1)?;
+    p.target.listen(1)?;
     let n = 2000u64;
     for seq in 0..n {
         let c = Completion::new();
         p.post_wait("am_short", &c, |ep, _| ep.am_short(1, seq, &[]))
             .ctx("am_short")?;
     }
-    p.progress_until("all messages", || count(&inbox) as u64 == n)?;
-    for (i, (_, d)) in take(&inbox).into_iter().enumerate() {
-        let seq = u64::from_le_bytes(d[..8].try_into().map_err(|_| "short message")?);
+    p.wait_inbox(1, n as usize)?;
+    for (i, d) in p.target.take_inbox(1)?.into_iter().enumerate() {
+        let seq = u64::from_le_bytes(
+            d.get(..8)
+                .and_then(|b| b.try_into().ok())
+                .ok_or("short message")?,
+        );
         ensure!(seq == i as u64, "message {seq} arrived in position {i}");
     }
     Ok(())
@@ -127,24 +135,17 @@ fn am_order(p: &mut Pair) -> TestResult {
 /// Each id reaches its own handler.
 fn am_ids(p: &mut Pair) -> TestResult {
     let ids = [0u8, 9, 31];
-    let boxes: Vec<Inbox> = ids
-        .iter()
-        .map(|&id| inbox(p, id))
-        .collect::<Result<_, _>>()?;
+    for &id in &ids {
+        p.target.listen(id)?;
+    }
     for &id in &ids {
         let c = Completion::new();
         p.post_wait("am_bcopy", &c, |ep, _| ep.am_bcopy(id, &[id; 16]))
             .ctx("am_bcopy")?;
     }
-    p.progress_until("messages on every id", || {
-        boxes.iter().all(|b| count(b) == 1)
-    })?;
-    for (b, &id) in boxes.iter().zip(&ids) {
-        let (got_id, data) = take(b).remove(0);
-        ensure!(
-            got_id == id && data == [id; 16],
-            "handler of id {id} got id {got_id}"
-        );
+    for &id in &ids {
+        let data = one(p, id)?;
+        ensure!(data == [id; 16], "handler of id {id} got another message");
     }
     Ok(())
 }

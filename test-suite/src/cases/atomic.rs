@@ -1,10 +1,11 @@
 //! Atomics, 32- and 64-bit: add, fetch-add, swap, compare-and-swap.
 
-use uct_core::{Access, AtomicValue, Caps, Completion, FetchOp};
+use uct_core::{Access, AtomicValue, Caps, Completion, FetchOp, RemoteKey};
 
 use super::{case, Case};
 use crate::ensure;
 use crate::pair::{Context, Pair, TestResult};
+use crate::target::RemoteMem;
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -21,13 +22,13 @@ fn val(width: usize, v: u64) -> AtomicValue {
     }
 }
 
-fn read(remote: &uct_core::MemHandle, at: usize, width: usize) -> Result<u64, String> {
+fn read(p: &mut Pair, remote: &RemoteMem, at: usize, width: usize) -> Result<u64, String> {
     let mut b = [0u8; 8];
-    remote.read(at, &mut b[..width]).ctx("read target")?;
+    b[..width].copy_from_slice(&p.remote_read(remote, at, width)?);
     Ok(u64::from_le_bytes(b))
 }
 
-fn fetch(p: &mut Pair, op: FetchOp, addr: u64, rkey: &uct_core::RemoteKey) -> Result<u64, String> {
+fn fetch(p: &mut Pair, op: FetchOp, addr: u64, rkey: &RemoteKey) -> Result<u64, String> {
     let c = Completion::new();
     p.post_wait("atomic fetch", &c, |ep, c| {
         ep.atomic_fetch(op, addr, rkey, c)
@@ -38,13 +39,13 @@ fn fetch(p: &mut Pair, op: FetchOp, addr: u64, rkey: &uct_core::RemoteKey) -> Re
 }
 
 fn atomics(p: &mut Pair, w: usize) -> TestResult {
-    let remote = p.alloc(64, Access::all_rights())?;
+    let remote = p.remote(64, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
     let at = 16usize;
-    let addr = remote.addr() + at as u64;
+    let addr = remote.addr + at as u64;
     let mask = if w == 4 { u32::MAX as u64 } else { u64::MAX };
     let start = 0xfff0_0000_0000_0005u64 & mask;
-    remote.write(at, &start.to_le_bytes()[..w]).ctx("init")?;
+    p.remote_write(&remote, at, &start.to_le_bytes()[..w])?;
 
     let c = Completion::new();
     p.post_wait("atomic add", &c, |ep, _| {
@@ -53,14 +54,14 @@ fn atomics(p: &mut Pair, w: usize) -> TestResult {
     .ctx("atomic add")?;
     p.flush().ctx("flush")?;
     ensure!(
-        read(&remote, at, w)? == (start + 10) & mask,
+        read(p, &remote, at, w)? == (start + 10) & mask,
         "add: target holds the wrong sum"
     );
 
     let old = fetch(p, FetchOp::Add(val(w, 7)), addr, &rkey)?;
     ensure!(old == (start + 10) & mask, "fetch-add returned {old:#x}");
     ensure!(
-        read(&remote, at, w)? == (start + 17) & mask,
+        read(p, &remote, at, w)? == (start + 17) & mask,
         "fetch-add: wrong sum"
     );
 
@@ -69,7 +70,10 @@ fn atomics(p: &mut Pair, w: usize) -> TestResult {
     ensure!(old == (start + 17) & mask, "swap returned {old:#x}");
     let old = fetch(p, FetchOp::Add(val(w, 2)), addr, &rkey)?;
     ensure!(old == mask, "fetch-add after swap returned {old:#x}");
-    ensure!(read(&remote, at, w)? == 1, "add did not wrap at {w} bytes");
+    ensure!(
+        read(p, &remote, at, w)? == 1,
+        "add did not wrap at {w} bytes"
+    );
 
     // Compare-and-swap: a miss leaves the target alone, a hit replaces it.
     let miss = FetchOp::CompareSwap {
@@ -81,7 +85,7 @@ fn atomics(p: &mut Pair, w: usize) -> TestResult {
         "failed cswap returned the wrong old value"
     );
     ensure!(
-        read(&remote, at, w)? == 1,
+        read(p, &remote, at, w)? == 1,
         "failed cswap changed the target"
     );
     let hit = FetchOp::CompareSwap {
@@ -92,11 +96,10 @@ fn atomics(p: &mut Pair, w: usize) -> TestResult {
         fetch(p, hit, addr, &rkey)? == 1,
         "cswap returned the wrong old value"
     );
-    ensure!(read(&remote, at, w)? == 55, "cswap did not store");
+    ensure!(read(p, &remote, at, w)? == 55, "cswap did not store");
 
     // Neighbouring bytes are untouched.
-    let mut around = [0u8; 64];
-    remote.read(0, &mut around).ctx("read")?;
+    let around = p.remote_read(&remote, 0, 64)?;
     ensure!(
         around[..at]
             .iter()

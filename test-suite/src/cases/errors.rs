@@ -1,13 +1,16 @@
 //! Bad input gets a named error and changes nothing: malformed rkeys,
 //! out-of-range and unauthorised accesses, forged secrets, deregistered
 //! regions, wrong memory types, misaligned atomics, oversized messages, a
-//! peer that went away.
+//! peer that went away or died.
 
-use uct_core::{Access, AtomicValue, Caps, Completion, Iov, MemoryType, UctError};
+use uct_core::region_table::SoftRkey;
+use uct_core::{
+    Access, AtomicValue, Caps, Completion, Iov, MemoryType, RkeyBundle, RkeyEntry, UctError,
+};
 
 use super::{case, Case};
 use crate::ensure;
-use crate::pair::{fake_device_memory, pattern, Context, Pair, TestResult};
+use crate::pair::{fake_device_memory, pattern, Context, Pair, TestResult, WAIT};
 
 pub fn cases() -> Vec<Case> {
     let mut v = vec![
@@ -28,12 +31,25 @@ pub fn cases() -> Vec<Case> {
     let mut secret = case("wrong_secret", Caps::PUT_BCOPY, wrong_secret);
     secret.soft_rkey = true;
     v.push(secret);
+    let mut killed = case(
+        "peer_killed",
+        Caps::PUT_ZCOPY.union(Caps::FLUSH),
+        peer_killed,
+    );
+    killed.two_process_only = true;
+    v.push(killed);
     v
 }
 
+fn zeros(p: &mut Pair, remote: &crate::target::RemoteMem) -> Result<bool, String> {
+    Ok(p.remote_read(remote, 0, remote.len)?
+        .iter()
+        .all(|&b| b == 0))
+}
+
 fn bad_rkey_bytes(p: &mut Pair) -> TestResult {
-    let remote = p.alloc(4096, Access::all_rights())?;
-    let good = p.packed_rkey(&remote)?;
+    let remote = p.remote(4096, Access::all_rights())?;
+    let good = remote.rkey.clone();
     let md = p.resource.md.name().to_string();
     // Truncations, flips and noise: each unpacks to a key or an error.
     let mut x = 0xdead_beef_u64;
@@ -63,13 +79,13 @@ fn bad_rkey_bytes(p: &mut Pair) -> TestResult {
 }
 
 fn out_of_range_put(p: &mut Pair) -> TestResult {
-    let remote = p.alloc(4096, Access::all_rights())?;
+    let remote = p.remote(4096, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
     let data = pattern(64, 1);
     for addr in [
-        remote.addr() + 4096 - 32,
-        remote.addr() - 64,
-        remote.addr() + (1 << 40),
+        remote.addr + 4096 - 32,
+        remote.addr - 64,
+        remote.addr + (1 << 40),
     ] {
         let e = p.expect_failure("out-of-range put", |ep, _| ep.put_bcopy(&data, addr, &rkey))?;
         ensure!(
@@ -77,17 +93,14 @@ fn out_of_range_put(p: &mut Pair) -> TestResult {
             "out-of-range put gave: {e}"
         );
     }
-    ensure!(
-        remote.to_vec().ctx("read")?.iter().all(|&b| b == 0),
-        "a refused put changed the region"
-    );
+    ensure!(zeros(p, &remote)?, "a refused put changed the region");
     Ok(())
 }
 
 fn out_of_range_get(p: &mut Pair) -> TestResult {
-    let remote = p.alloc(4096, Access::all_rights())?;
+    let remote = p.remote(4096, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
-    let addr = remote.addr() + 4000;
+    let addr = remote.addr + 4000;
     let e = p.expect_failure("out-of-range get", |ep, c| {
         ep.get_bcopy(200, addr, &rkey, c)
     })?;
@@ -99,11 +112,11 @@ fn out_of_range_get(p: &mut Pair) -> TestResult {
 }
 
 fn read_only_region(p: &mut Pair) -> TestResult {
-    let remote = p.alloc(4096, Access::remote_read_only())?;
+    let remote = p.remote(4096, Access::remote_read_only())?;
     let data = pattern(4096, 7);
-    remote.write(0, &data).ctx("fill")?;
+    p.remote_write(&remote, 0, &data)?;
     let rkey = p.rkey(&remote)?;
-    let addr = remote.addr();
+    let addr = remote.addr;
     let e = p.expect_failure("put to read-only", |ep, _| {
         ep.put_bcopy(&[0u8; 32], addr, &rkey)
     })?;
@@ -112,7 +125,7 @@ fn read_only_region(p: &mut Pair) -> TestResult {
         "write to a read-only region gave: {e}"
     );
     ensure!(
-        remote.to_vec().ctx("read")? == data,
+        p.remote_read(&remote, 0, 4096)? == data,
         "a refused put changed the region"
     );
     let c = Completion::new();
@@ -123,22 +136,28 @@ fn read_only_region(p: &mut Pair) -> TestResult {
     Ok(())
 }
 
-fn wrong_secret(p: &mut Pair) -> TestResult {
-    use uct_core::region_table::SoftRkey;
-    let remote = p.alloc(4096, Access::all_rights())?;
-    let entry = p.resource.md.pack_rkey(&remote).ctx("pack")?;
-    let mut key: SoftRkey = uct_core::rkey::decode_payload(&entry.payload).ctx("decode")?;
+/// Software rkey payloads start with a [`SoftRkey`]; this flips its secret
+/// and keeps the rest.
+fn forge_secret(packed: &[u8], md: &str) -> Result<Vec<u8>, String> {
+    let bundle = RkeyBundle::unpack(packed).ctx("unpack")?;
+    let entry = bundle.find(md).ctx("find")?.clone();
+    let (mut key, rest) = postcard::take_from_bytes::<SoftRkey>(&entry.payload).ctx("decode")?;
     key.secret ^= 0x5a5a;
-    let forged = uct_core::RkeyEntry {
-        payload: uct_core::rkey::encode_payload(&key).ctx("encode")?,
-        ..entry
-    };
-    let bytes = uct_core::RkeyBundle::single(forged).pack().ctx("pack")?;
+    let mut payload = uct_core::rkey::encode_payload(&key).ctx("encode")?;
+    payload.extend_from_slice(rest);
+    RkeyBundle::single(RkeyEntry { payload, ..entry })
+        .pack()
+        .ctx("pack")
+}
+
+fn wrong_secret(p: &mut Pair) -> TestResult {
+    let remote = p.remote(4096, Access::all_rights())?;
+    let bytes = forge_secret(&remote.rkey, p.resource.md.name())?;
     let rkey = p
         .reg
         .unpack_rkey(&bytes, p.resource.md.name())
         .ctx("unpack")?;
-    let addr = remote.addr();
+    let addr = remote.addr;
     let e = p.expect_failure("put with forged secret", |ep, _| {
         ep.put_bcopy(&[1u8; 8], addr, &rkey)
     })?;
@@ -146,18 +165,15 @@ fn wrong_secret(p: &mut Pair) -> TestResult {
         matches!(e, UctError::BadSecret),
         "a forged secret gave: {e}"
     );
-    ensure!(
-        remote.to_vec().ctx("read")?.iter().all(|&b| b == 0),
-        "forged put changed the region"
-    );
+    ensure!(zeros(p, &remote)?, "forged put changed the region");
     Ok(())
 }
 
 fn deregistered_region(p: &mut Pair) -> TestResult {
-    let remote = p.alloc(4096, Access::all_rights())?;
+    let remote = p.remote(4096, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
-    let addr = remote.addr();
-    drop(remote);
+    let addr = remote.addr;
+    p.target.free(&remote)?;
     let e = p.expect_failure("put to deregistered", |ep, _| {
         ep.put_bcopy(&[1u8; 8], addr, &rkey)
     })?;
@@ -175,10 +191,10 @@ fn wrong_memory_type(p: &mut Pair) -> TestResult {
     if p.attrs().mem_types.contains(&MemoryType::Gaudi) {
         return Ok(());
     }
-    let remote = p.alloc(4096, Access::all_rights())?;
+    let remote = p.remote(4096, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
     let dev = fake_device_memory(MemoryType::Gaudi);
-    let addr = remote.addr();
+    let addr = remote.addr;
     let e = p.expect_failure("put from gaudi memory", |ep, c| {
         ep.put_zcopy(&[Iov::new(&dev, 0, 64)], addr, &rkey, Some(c))
     })?;
@@ -200,9 +216,9 @@ fn wrong_memory_type(p: &mut Pair) -> TestResult {
 }
 
 fn misaligned_atomic(p: &mut Pair) -> TestResult {
-    let remote = p.alloc(64, Access::all_rights())?;
+    let remote = p.remote(64, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
-    let addr = remote.addr() + 3;
+    let addr = remote.addr + 3;
     let e = p.expect_failure("misaligned atomic", |ep, _| {
         ep.atomic_add(AtomicValue::U64(1), addr, &rkey)
     })?;
@@ -215,11 +231,11 @@ fn misaligned_atomic(p: &mut Pair) -> TestResult {
 
 fn oversized_short(p: &mut Pair) -> TestResult {
     let max = p.attrs().put.max_short;
-    let remote = p.alloc(max + 64, Access::all_rights())?;
+    let remote = p.remote(max + 64, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
     let data = vec![1u8; max + 1];
     let e =
-        p.ep.put_short(&data, remote.addr(), &rkey)
+        p.ep.put_short(&data, remote.addr, &rkey)
             .err()
             .ok_or("a put_short over max_short was accepted")?;
     ensure!(
@@ -229,10 +245,10 @@ fn oversized_short(p: &mut Pair) -> TestResult {
     Ok(())
 }
 
-/// Closing the receiver makes operations fail with an error, without hangs.
+/// Closing the target iface makes operations fail with an error, without
+/// hangs.
 fn peer_closed(p: &mut Pair) -> TestResult {
-    drop(p.rx_ep.take());
-    drop(p.rx.take());
+    p.target.close()?;
     let c = Completion::new();
     let r = p.post_wait("am to closed peer", &c, |ep, _| ep.am_bcopy(1, &[0u8; 8]));
     let r = r.and_then(|_| p.flush());
@@ -240,5 +256,42 @@ fn peer_closed(p: &mut Pair) -> TestResult {
         r.is_err(),
         "operations on an endpoint whose peer closed still succeed"
     );
+    Ok(())
+}
+
+/// The target process is killed in the middle of a stream of puts: the
+/// pending operations and the flush after them fail with an error, in
+/// bounded time.
+fn peer_killed(p: &mut Pair) -> TestResult {
+    let piece = 64 << 10;
+    let local = p.alloc(piece, Access::all_rights())?;
+    let remote = p.remote(16 * piece, Access::all_rights())?;
+    let rkey = p.rkey(&remote)?;
+    let comp = Completion::new();
+    let t0 = std::time::Instant::now();
+    let mut failed_at_post = None;
+    for i in 0..64usize {
+        if i == 16 {
+            ensure!(p.target.kill()?, "the target has no process to kill");
+        }
+        let iov = [Iov::new(&local, 0, piece)];
+        let addr = remote.addr + ((i % 16) * piece) as u64;
+        match p.ep.put_zcopy(&iov, addr, &rkey, Some(&comp)) {
+            Ok(_) => {}
+            Err(e) => {
+                failed_at_post = Some(e);
+                break;
+            }
+        }
+        p.progress();
+    }
+    let flushed = p.flush();
+    ensure!(
+        failed_at_post.is_some() || flushed.is_err(),
+        "puts and flush to a killed peer all succeeded"
+    );
+    let c = comp.clone();
+    p.wait_for("pending puts after the peer died", |_| Ok(c.is_complete()))?;
+    ensure!(t0.elapsed() < WAIT, "failure took {:?}", t0.elapsed());
     Ok(())
 }

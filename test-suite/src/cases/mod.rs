@@ -10,7 +10,7 @@ mod rma;
 
 use uct_core::Caps;
 
-use crate::pair::{Pair, TestResult};
+use crate::pair::{Mode, Pair, TestResult};
 
 /// One conformance test.
 pub struct Case {
@@ -20,6 +20,8 @@ pub struct Case {
     /// Applies only to software transports, whose rkeys carry a secret and
     /// whose targets check every access themselves.
     pub soft_rkey: bool,
+    /// Needs a target in another process (it kills it).
+    pub two_process_only: bool,
     pub run: fn(&mut Pair) -> TestResult,
 }
 
@@ -28,6 +30,7 @@ const fn case(name: &'static str, needs: Caps, run: fn(&mut Pair) -> TestResult)
         name,
         needs,
         soft_rkey: false,
+        two_process_only: false,
         run,
     }
 }
@@ -43,8 +46,8 @@ pub fn all() -> Vec<Case> {
     v
 }
 
-/// Why `case` does not apply to a transport with `caps`, if it does not.
-pub fn not_applicable(case: &Case, caps: Caps, soft_rkey: bool) -> Option<String> {
+/// Why `case` does not apply, if it does not.
+pub fn not_applicable(case: &Case, caps: Caps, soft_rkey: bool, mode: Mode) -> Option<String> {
     let missing = case.needs - caps;
     if !missing.is_empty() {
         let names: Vec<&str> = missing.iter_names().map(|(n, _)| n).collect();
@@ -52,6 +55,9 @@ pub fn not_applicable(case: &Case, caps: Caps, soft_rkey: bool) -> Option<String
     }
     if case.soft_rkey && !soft_rkey {
         return Some("checks software rkey secrets; the NIC checks this transport's keys".into());
+    }
+    if case.two_process_only && mode != Mode::TwoProcesses {
+        return Some("kills the target process; runs in the two-process mode".into());
     }
     None
 }

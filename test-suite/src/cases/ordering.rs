@@ -4,7 +4,7 @@ use uct_core::{Access, Caps, Completion, Iov, Status};
 
 use super::{case, Case};
 use crate::ensure;
-use crate::pair::{count, inbox, pattern, Context, Pair, TestResult, WAIT};
+use crate::pair::{pattern, Context, Pair, TestResult, WAIT};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -18,34 +18,45 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
+/// Posts a put_zcopy, progressing while the transport says NoResource.
+pub(crate) fn put_retrying(
+    p: &mut Pair,
+    iov: &[Iov<'_>],
+    addr: u64,
+    rkey: &uct_core::RemoteKey,
+    comp: &Completion,
+) -> TestResult {
+    let t0 = std::time::Instant::now();
+    while let Status::NoResource =
+        p.ep.put_zcopy(iov, addr, rkey, Some(comp))
+            .ctx("put_zcopy")?
+    {
+        p.progress();
+        ensure!(t0.elapsed() < WAIT, "no send resources for {WAIT:?}");
+    }
+    Ok(())
+}
+
 /// Many puts without waiting, then one flush: everything has landed.
 fn flush_stream(p: &mut Pair) -> TestResult {
     let n = 64usize;
     let piece = 4096usize;
     let local = p.alloc(n * piece, Access::all_rights())?;
-    let remote = p.alloc(n * piece, Access::all_rights())?;
+    let remote = p.remote(n * piece, Access::all_rights())?;
     let data = pattern(n * piece, 2000);
     local.write(0, &data).ctx("fill")?;
     let rkey = p.rkey(&remote)?;
     let comp = Completion::new();
-    let t0 = std::time::Instant::now();
     for i in 0..n {
         let iov = [Iov::new(&local, i * piece, piece)];
-        let addr = remote.addr() + (i * piece) as u64;
-        while let Status::NoResource =
-            p.ep.put_zcopy(&iov, addr, &rkey, Some(&comp))
-                .ctx("put_zcopy")?
-        {
-            p.progress();
-            ensure!(t0.elapsed() < WAIT, "no send resources for {WAIT:?}");
-        }
+        put_retrying(p, &iov, remote.addr + (i * piece) as u64, &rkey, &comp)?;
     }
     p.flush().ctx("flush")?;
     let c = comp.clone();
-    p.progress_until("put completions", || c.is_complete())?;
+    p.wait_for("put completions", |_| Ok(c.is_complete()))?;
     comp.result().ctx("put completion")?;
     ensure!(
-        remote.to_vec().ctx("read")? == data,
+        p.remote_read(&remote, 0, n * piece)? == data,
         "data missing after flush"
     );
     Ok(())
@@ -53,33 +64,30 @@ fn flush_stream(p: &mut Pair) -> TestResult {
 
 /// A put after a fence is not overtaken by one before it.
 fn fence(p: &mut Pair) -> TestResult {
-    let remote = p.alloc(4096, Access::all_rights())?;
+    let remote = p.remote(4096, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
     for round in 0..50u64 {
         let a = pattern(512, 3000 + round);
         let b = pattern(512, 4000 + round);
         let c = Completion::new();
-        p.post_wait("put a", &c, |ep, _| ep.put_bcopy(&a, remote.addr(), &rkey))
+        p.post_wait("put a", &c, |ep, _| ep.put_bcopy(&a, remote.addr, &rkey))
             .ctx("put")?;
         p.post_wait("fence", &c, |ep, _| ep.fence()).ctx("fence")?;
-        p.post_wait("put b", &c, |ep, _| ep.put_bcopy(&b, remote.addr(), &rkey))
+        p.post_wait("put b", &c, |ep, _| ep.put_bcopy(&b, remote.addr, &rkey))
             .ctx("put")?;
         p.flush().ctx("flush")?;
-        let mut got = vec![0u8; 512];
-        remote.read(0, &mut got).ctx("read")?;
         ensure!(
-            got == b,
+            p.remote_read(&remote, 0, 512)? == b,
             "round {round}: the put before the fence landed last"
         );
     }
     Ok(())
 }
 
-/// Sending without letting the receiver progress ends in NoResource or is
-/// absorbed; either way, once the receiver progresses, every message
-/// arrives exactly once and in order.
+/// Sending faster than the receiver drains ends in NoResource or is
+/// absorbed; either way every message arrives exactly once and in order.
 fn back_pressure(p: &mut Pair) -> TestResult {
-    let inbox = inbox(p, 2)?;
+    p.target.listen(2)?;
     let total = 20_000u64;
     let mut sent = 0u64;
     let mut refusals = 0u64;
@@ -95,10 +103,13 @@ fn back_pressure(p: &mut Pair) -> TestResult {
         }
         ensure!(t0.elapsed() < WAIT, "sent {sent} of {total} in {WAIT:?}");
     }
-    p.progress_until("all messages", || count(&inbox) as u64 == total)?;
-    let got = inbox.lock().unwrap_or_else(|e| e.into_inner());
-    for (i, (_, d)) in got.iter().enumerate() {
-        let seq = u64::from_le_bytes(d[..8].try_into().map_err(|_| "short message")?);
+    p.wait_inbox(2, total as usize)?;
+    for (i, d) in p.target.take_inbox(2)?.iter().enumerate() {
+        let seq = u64::from_le_bytes(
+            d.get(..8)
+                .and_then(|b| b.try_into().ok())
+                .ok_or("short message")?,
+        );
         ensure!(seq == i as u64, "message {seq} arrived in position {i}");
     }
     log::info!(

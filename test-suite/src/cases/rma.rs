@@ -5,6 +5,7 @@ use uct_core::{Access, Caps, Completion, CompletionData, Endpoint, Iov, RemoteKe
 use super::{case, Case};
 use crate::ensure;
 use crate::pair::{pattern, Context, Pair, TestResult};
+use crate::target::RemoteMem;
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -19,7 +20,7 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
-/// Sizes to try up to `max`: 1, 8, a middle size and `max` itself.
+/// Sizes to try up to `max`: 1, 8, a few in between and `max` itself.
 fn sizes(max: usize, cap: usize) -> Vec<usize> {
     let max = max.min(cap);
     let mut v = vec![1, 8, 61, 4096, max / 2 + 3, max];
@@ -31,16 +32,16 @@ fn sizes(max: usize, cap: usize) -> Vec<usize> {
 
 /// Remote offset that is not aligned, to catch alignment assumptions.
 const OFF: usize = 24 + 3;
+/// Largest zero-copy size tried.
+const ZCOPY_CAP: usize = 4 << 20;
 
-fn check_remote(p: &Pair, remote: &uct_core::MemHandle, at: usize, want: &[u8]) -> TestResult {
-    let mut got = vec![0u8; want.len()];
-    remote.read(at, &mut got).ctx("read target")?;
+pub(crate) fn check_remote(p: &mut Pair, remote: &RemoteMem, at: usize, want: &[u8]) -> TestResult {
+    let got = p.remote_read(remote, at, want.len())?;
     if got != want {
         let first = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
         return Err(format!(
-            "{} bytes at the target differ from what was sent (first difference at byte {first}) over {}",
-            want.len(),
-            p.resource.tl.transport
+            "{} bytes at the target differ from what was sent (first difference at byte {first})",
+            want.len()
         ));
     }
     Ok(())
@@ -51,11 +52,11 @@ type BufferedPut =
 
 /// Put short and put bcopy: the same checks at every size up to `max`.
 fn put_buffered(p: &mut Pair, what: &str, max: usize, seed: u64, op: BufferedPut) -> TestResult {
-    let remote = p.alloc(max + OFF, Access::all_rights())?;
+    let remote = p.remote(max + OFF, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
     for (i, len) in sizes(max, 1 << 20).into_iter().enumerate() {
         let data = pattern(len, seed + i as u64);
-        let addr = remote.addr() + OFF as u64;
+        let addr = remote.addr + OFF as u64;
         let c = Completion::new();
         p.post_wait(what, &c, |ep, _| op(ep, &data, addr, &rkey))
             .ctx(what)?;
@@ -78,14 +79,14 @@ fn put_bcopy(p: &mut Pair) -> TestResult {
 }
 
 fn put_zcopy(p: &mut Pair) -> TestResult {
-    let max = p.attrs().put.max_zcopy.min(4 << 20);
+    let max = p.attrs().put.max_zcopy.min(ZCOPY_CAP);
     let local = p.alloc(max, Access::all_rights())?;
-    let remote = p.alloc(max + OFF, Access::all_rights())?;
+    let remote = p.remote(max + OFF, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
-    for (i, len) in sizes(max, 4 << 20).into_iter().enumerate() {
+    for (i, len) in sizes(max, ZCOPY_CAP).into_iter().enumerate() {
         let data = pattern(len, 200 + i as u64);
         local.write(0, &data).ctx("fill local")?;
-        let addr = remote.addr() + OFF as u64;
+        let addr = remote.addr + OFF as u64;
         let c = Completion::new();
         p.post_wait("put_zcopy", &c, |ep, c| {
             ep.put_zcopy(&[Iov::new(&local, 0, len)], addr, &rkey, Some(c))
@@ -110,10 +111,10 @@ fn put_zcopy_iov(p: &mut Pair) -> TestResult {
         l.write(7, &d).ctx("fill local")?;
         want.extend_from_slice(&d);
     }
-    let remote = p.alloc(want.len() + OFF, Access::all_rights())?;
+    let remote = p.remote(want.len() + OFF, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
     let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 7, piece)).collect();
-    let addr = remote.addr() + OFF as u64;
+    let addr = remote.addr + OFF as u64;
     let c = Completion::new();
     p.post_wait("put_zcopy iov", &c, |ep, c| {
         ep.put_zcopy(&iov, addr, &rkey, Some(c))
@@ -125,13 +126,13 @@ fn put_zcopy_iov(p: &mut Pair) -> TestResult {
 
 fn get_short(p: &mut Pair) -> TestResult {
     let max = p.attrs().get.max_short;
-    let remote = p.alloc(max + OFF, Access::all_rights())?;
+    let remote = p.remote(max + OFF, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
     for (i, len) in sizes(max, usize::MAX).into_iter().enumerate() {
         let data = pattern(len, 400 + i as u64);
-        remote.write(OFF, &data).ctx("fill target")?;
+        p.remote_write(&remote, OFF, &data)?;
         let mut buf = vec![0u8; len];
-        let addr = remote.addr() + OFF as u64;
+        let addr = remote.addr + OFF as u64;
         let c = Completion::new();
         p.post_wait("get_short", &c, |ep, _| ep.get_short(&mut buf, addr, &rkey))
             .ctx("get_short")?;
@@ -142,12 +143,12 @@ fn get_short(p: &mut Pair) -> TestResult {
 
 fn get_bcopy(p: &mut Pair) -> TestResult {
     let max = p.attrs().get.max_bcopy;
-    let remote = p.alloc(max + OFF, Access::all_rights())?;
+    let remote = p.remote(max + OFF, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
     for (i, len) in sizes(max, 1 << 20).into_iter().enumerate() {
         let data = pattern(len, 500 + i as u64);
-        remote.write(OFF, &data).ctx("fill target")?;
-        let addr = remote.addr() + OFF as u64;
+        p.remote_write(&remote, OFF, &data)?;
+        let addr = remote.addr + OFF as u64;
         let c = Completion::new();
         p.post_wait("get_bcopy", &c, |ep, c| ep.get_bcopy(len, addr, &rkey, c))
             .ctx("get_bcopy")?;
@@ -162,14 +163,14 @@ fn get_bcopy(p: &mut Pair) -> TestResult {
 }
 
 fn get_zcopy(p: &mut Pair) -> TestResult {
-    let max = p.attrs().get.max_zcopy.min(4 << 20);
+    let max = p.attrs().get.max_zcopy.min(ZCOPY_CAP);
     let local = p.alloc(max, Access::all_rights())?;
-    let remote = p.alloc(max + OFF, Access::all_rights())?;
+    let remote = p.remote(max + OFF, Access::all_rights())?;
     let rkey = p.rkey(&remote)?;
-    for (i, len) in sizes(max, 4 << 20).into_iter().enumerate() {
+    for (i, len) in sizes(max, ZCOPY_CAP).into_iter().enumerate() {
         let data = pattern(len, 600 + i as u64);
-        remote.write(OFF, &data).ctx("fill target")?;
-        let addr = remote.addr() + OFF as u64;
+        p.remote_write(&remote, OFF, &data)?;
+        let addr = remote.addr + OFF as u64;
         let c = Completion::new();
         p.post_wait("get_zcopy", &c, |ep, c| {
             ep.get_zcopy(&[Iov::new(&local, 0, len)], addr, &rkey, Some(c))
@@ -185,15 +186,15 @@ fn get_zcopy(p: &mut Pair) -> TestResult {
 fn get_zcopy_iov(p: &mut Pair) -> TestResult {
     let n = p.attrs().get.max_iov.clamp(1, 4);
     let piece = 777;
-    let remote = p.alloc(n * piece + OFF, Access::all_rights())?;
+    let remote = p.remote(n * piece + OFF, Access::all_rights())?;
     let data = pattern(n * piece, 700);
-    remote.write(OFF, &data).ctx("fill target")?;
+    p.remote_write(&remote, OFF, &data)?;
     let rkey = p.rkey(&remote)?;
     let locals: Vec<_> = (0..n)
         .map(|_| p.alloc(piece + 5, Access::all_rights()))
         .collect::<Result<_, _>>()?;
     let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 5, piece)).collect();
-    let addr = remote.addr() + OFF as u64;
+    let addr = remote.addr + OFF as u64;
     let c = Completion::new();
     p.post_wait("get_zcopy iov", &c, |ep, c| {
         ep.get_zcopy(&iov, addr, &rkey, Some(c))
