@@ -12,6 +12,7 @@ use test_suite::{all_cases, not_applicable, Pair};
 use uct_core::registry::KNOWN_TRANSPORTS;
 use uct_core::{Access, DeviceType, MemoryType, Registry, Resource};
 // Built-in transports register themselves when linked.
+use tl_sm as _;
 use tl_tcp as _;
 
 #[derive(Default)]

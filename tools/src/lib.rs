@@ -4,4 +4,5 @@ pub mod info;
 pub mod text;
 
 // Built-in transports register themselves with the registry when linked.
+pub use tl_sm;
 pub use tl_tcp;

@@ -1,0 +1,163 @@
+//! The posix transport: memory in named shared-memory segments that peers
+//! on the same host map through the rkey; put and get are copies into the
+//! mapped segment after the owner's header is checked; active messages go
+//! through the receiver's lock-free ring; atomics work on the mapping.
+
+mod ep;
+pub mod fifo;
+mod iface;
+pub mod segment;
+
+use std::any::Any;
+
+use serde::{Deserialize, Serialize};
+use uct_core::md::{MdAttrs, MdFlags, RegCost};
+use uct_core::memory::MemBacking;
+use uct_core::region_table::SoftRkey;
+use uct_core::rkey::{decode_payload, encode_payload};
+use uct_core::{
+    Access, MemHandle, MemRegion, MemoryDomain, MemoryType, RemoteKey, Result, RkeyEntry, UctError,
+};
+
+pub use iface::PosixIface;
+use segment::Mapping;
+
+pub const MD_NAME: &str = "posix";
+
+/// What a posix rkey carries. It begins with a [`SoftRkey`], as every
+/// software transport's rkey does.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PosixRkey {
+    pub soft: SoftRkey,
+    /// Name of the segment to map.
+    pub segment: String,
+}
+
+/// The posix memory domain: allocates shared-memory segments.
+pub struct PosixMd {
+    component: &'static str,
+}
+
+impl PosixMd {
+    pub fn new(component: &'static str) -> Self {
+        segment::remove_stale();
+        PosixMd { component }
+    }
+
+    pub fn unpack_rkey(component: &str, entry: &RkeyEntry) -> Result<RemoteKey> {
+        let k: PosixRkey = decode_payload(&entry.payload)?;
+        if k.soft.base.checked_add(k.soft.len).is_none() {
+            return Err(UctError::BadRkey(
+                "region wraps around the address space".into(),
+            ));
+        }
+        Ok(RemoteKey::new(component, entry.md.clone(), Box::new(k)))
+    }
+}
+
+/// An allocated segment: marked dead and unlinked when dropped.
+struct PosixBacking {
+    map: Mapping,
+    name: String,
+    key: SoftRkey,
+}
+
+impl MemBacking for PosixBacking {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for PosixBacking {
+    fn drop(&mut self) {
+        // Peers that still map it see it dead before it goes away.
+        self.map.mark_dead();
+        segment::unlink(&self.name);
+    }
+}
+
+impl MemoryDomain for PosixMd {
+    fn name(&self) -> &str {
+        MD_NAME
+    }
+
+    fn component(&self) -> &str {
+        self.component
+    }
+
+    fn attrs(&self) -> MdAttrs {
+        MdAttrs {
+            flags: MdFlags::ALLOC | MdFlags::NEED_RKEY,
+            alloc_mem_types: vec![MemoryType::Host],
+            reg_mem_types: vec![],
+            export_mem_types: vec![],
+            detect_mem_types: vec![],
+            max_alloc: 1 << 40,
+            rkey_packed_size: 96,
+            reg_cost: RegCost {
+                overhead_ns: 20_000.0,
+                per_byte_ns: 0.0,
+            },
+            system_device: None,
+        }
+    }
+
+    fn alloc(&self, len: usize, mem_type: MemoryType, access: Access) -> Result<MemHandle> {
+        if mem_type != MemoryType::Host {
+            return Err(UctError::MemoryTypeUnsupported {
+                mem_type,
+                owner: "memory domain posix".into(),
+                hint: "it allocates host shared memory only; device memory needs an RDMA NIC with DMA-buf support".into(),
+            });
+        }
+        let name = format!(
+            "/uct-posix-{}-{:016x}{:016x}",
+            std::process::id(),
+            crate::host::random_u64(),
+            crate::host::random_u64()
+        );
+        let secret = crate::host::random_u64();
+        let map = Mapping::create(&name, len, secret, access)?;
+        let addr = map.data_ptr() as u64;
+        let key = SoftRkey {
+            region_id: crate::host::random_u64() >> 16,
+            secret,
+            base: addr,
+            len: len as u64,
+            access,
+        };
+        Ok(MemRegion::new(
+            addr,
+            len,
+            MemoryType::Host,
+            access,
+            MD_NAME,
+            Box::new(PosixBacking { map, name, key }),
+        ))
+    }
+
+    fn pack_rkey(&self, mem: &MemHandle) -> Result<RkeyEntry> {
+        let b = mem
+            .backing()
+            .as_any()
+            .downcast_ref::<PosixBacking>()
+            .ok_or_else(|| {
+                UctError::InvalidParam(format!(
+                    "memory handle belongs to memory domain {}, not posix; allocate it with posix",
+                    mem.md_name()
+                ))
+            })?;
+        Ok(RkeyEntry {
+            component: self.component.into(),
+            md: MD_NAME.into(),
+            payload: encode_payload(&PosixRkey {
+                soft: b.key,
+                segment: b.name.clone(),
+            })?,
+        })
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,271 @@
+//! Shared-memory segments: a named POSIX shm object with a header page the
+//! owner writes (state, secret, range, rights) and the data after it.
+//! A peer maps the segment by the name in the rkey and checks the header
+//! before every access, so a region that was freed, a wrong secret, an
+//! access outside the range or without the right is refused.
+
+use std::ffi::CString;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use uct_core::{Access, UctError};
+
+/// Bytes before the data: one page, so the data is page-aligned.
+pub const HEADER_SPACE: usize = 4096;
+const MAGIC: u64 = u64::from_le_bytes(*b"UCTSEG01");
+const LIVE: u64 = 1;
+const DEAD: u64 = 2;
+
+/// The header at the start of a segment, written by its owner.
+#[repr(C)]
+pub struct SegHeader {
+    magic: AtomicU64,
+    state: AtomicU64,
+    secret: AtomicU64,
+    /// The owner's address of the data, which peers address.
+    base: AtomicU64,
+    len: AtomicU64,
+    access: AtomicU64,
+    owner_pid: AtomicU64,
+}
+
+/// A mapping of a segment, owned or opened.
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    size: usize,
+}
+
+// SAFETY: the mapping is shared memory accessed through atomics (header)
+// and checked copies (data); the pointer itself is never aliased mutably.
+unsafe impl Send for Mapping {}
+// SAFETY: as for Send.
+unsafe impl Sync for Mapping {}
+
+fn os_err(what: &str) -> UctError {
+    UctError::io(what, std::io::Error::last_os_error())
+}
+
+fn c_name(name: &str) -> Result<CString, UctError> {
+    if !name.starts_with('/') || name.len() > 200 || name[1..].contains('/') {
+        return Err(UctError::BadRkey(format!(
+            "'{name}' is not a shared-memory segment name"
+        )));
+    }
+    CString::new(name).map_err(|_| UctError::BadRkey("segment name contains a nul byte".into()))
+}
+
+impl Mapping {
+    fn map(fd: i32, size: usize, what: &str) -> Result<Mapping, UctError> {
+        // SAFETY: mapping a shm fd we hold; the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os_err(what));
+        }
+        Ok(Mapping {
+            ptr: NonNull::new(p as *mut u8).ok_or_else(|| os_err(what))?,
+            size,
+        })
+    }
+
+    /// Creates segment `name` with `len` bytes of data, owned by this
+    /// process, and maps it.
+    pub fn create(
+        name: &str,
+        len: usize,
+        secret: u64,
+        access: Access,
+    ) -> Result<Mapping, UctError> {
+        let cname = c_name(name)?;
+        let size = HEADER_SPACE
+            .checked_add(len.max(1))
+            .ok_or_else(|| UctError::InvalidParam(format!("cannot allocate {len} bytes")))?;
+        // SAFETY: a valid nul-terminated name; O_EXCL so a name is never
+        // reused.
+        let fd = unsafe {
+            libc::shm_open(
+                cname.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                0o600,
+            )
+        };
+        if fd < 0 {
+            return Err(os_err(&format!(
+                "posix: create shared memory {name} (is /dev/shm mounted and writable?)"
+            )));
+        }
+        // SAFETY: fd was just opened.
+        let r = unsafe { libc::ftruncate(fd, size as libc::off_t) };
+        let mapped = if r != 0 {
+            Err(UctError::NoMemory(format!(
+                "posix: sizing {name} to {size} bytes failed: {}; /dev/shm may be full",
+                std::io::Error::last_os_error()
+            )))
+        } else {
+            Mapping::map(fd, size, "posix: map a new segment")
+        };
+        // SAFETY: closing our fd; the mapping keeps the segment.
+        unsafe { libc::close(fd) };
+        let m = match mapped {
+            Ok(m) => m,
+            Err(e) => {
+                // SAFETY: removing the name we created.
+                unsafe { libc::shm_unlink(cname.as_ptr()) };
+                return Err(e);
+            }
+        };
+        let h = m.header();
+        h.secret.store(secret, Ordering::Relaxed);
+        h.base.store(m.data_ptr() as u64, Ordering::Relaxed);
+        h.len.store(len as u64, Ordering::Relaxed);
+        h.access.store(access.bits() as u64, Ordering::Relaxed);
+        h.owner_pid
+            .store(std::process::id() as u64, Ordering::Relaxed);
+        h.state.store(LIVE, Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Release);
+        Ok(m)
+    }
+
+    /// Maps an existing segment by name; a missing one was deregistered.
+    pub fn open(name: &str, region_id: u64) -> Result<Mapping, UctError> {
+        let cname = c_name(name)?;
+        // SAFETY: a valid nul-terminated name.
+        let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR, 0) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(if e.raw_os_error() == Some(libc::ENOENT) {
+                UctError::NoSuchRegion { region_id }
+            } else {
+                UctError::io(format!("posix: open shared memory {name}"), e)
+            });
+        }
+        // SAFETY: fd is open; fstat fills the struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let r = unsafe { libc::fstat(fd, &mut st) };
+        let size = st.st_size as usize;
+        let mapped = if r != 0 {
+            Err(os_err("posix: stat a segment"))
+        } else if size < HEADER_SPACE {
+            Err(UctError::BadRkey(format!(
+                "segment {name} is too small to be a uct segment"
+            )))
+        } else {
+            Mapping::map(fd, size, "posix: map a peer's segment")
+        };
+        // SAFETY: closing our fd; the mapping keeps the segment.
+        unsafe { libc::close(fd) };
+        let m = mapped?;
+        if m.header().magic.load(Ordering::Acquire) != MAGIC {
+            return Err(UctError::BadRkey(format!("{name} is not a uct segment")));
+        }
+        Ok(m)
+    }
+
+    fn header(&self) -> &SegHeader {
+        // SAFETY: the mapping is at least HEADER_SPACE bytes, page-aligned,
+        // and SegHeader is all atomics.
+        unsafe { &*(self.ptr.as_ptr() as *const SegHeader) }
+    }
+
+    pub fn data_ptr(&self) -> *mut u8 {
+        // SAFETY: the mapping is at least HEADER_SPACE bytes.
+        unsafe { self.ptr.as_ptr().add(HEADER_SPACE) }
+    }
+
+    /// Marks the segment freed: peers that still map it are refused.
+    pub fn mark_dead(&self) {
+        self.header().state.store(DEAD, Ordering::Release);
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.header().state.load(Ordering::Acquire) != LIVE
+    }
+
+    /// Checks an access at the owner's address `addr` and returns where it
+    /// is in this mapping.
+    pub fn check(
+        &self,
+        region_id: u64,
+        secret: u64,
+        addr: u64,
+        len: u64,
+        needed: Access,
+    ) -> Result<*mut u8, UctError> {
+        let h = self.header();
+        if h.state.load(Ordering::Acquire) != LIVE {
+            return Err(UctError::NoSuchRegion { region_id });
+        }
+        if h.secret.load(Ordering::Relaxed) != secret {
+            return Err(UctError::BadSecret);
+        }
+        let base = h.base.load(Ordering::Relaxed);
+        let rlen = h.len.load(Ordering::Relaxed);
+        let in_range = addr >= base
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= base.saturating_add(rlen))
+            && (HEADER_SPACE as u64).saturating_add(rlen) <= self.size as u64;
+        if !in_range {
+            return Err(UctError::OutOfRange {
+                addr,
+                len,
+                base,
+                region_len: rlen,
+            });
+        }
+        let granted = Access::from_bits_truncate(h.access.load(Ordering::Relaxed) as u8);
+        if !granted.contains(needed) {
+            return Err(UctError::AccessDenied { needed, granted });
+        }
+        // SAFETY: addr - base + len <= rlen and HEADER_SPACE + rlen <= size.
+        Ok(unsafe { self.data_ptr().add((addr - base) as usize) })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `map` mapped, once.
+        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.size) };
+    }
+}
+
+/// Removes a segment name (the mapping lives on until unmapped).
+pub fn unlink(name: &str) {
+    if let Ok(c) = c_name(name) {
+        // SAFETY: a valid nul-terminated name.
+        unsafe { libc::shm_unlink(c.as_ptr()) };
+    }
+}
+
+/// Removes segments left by processes of this tool that died without
+/// cleaning up (`/dev/shm/uct-*-<pid>-*` of a pid that no longer exists).
+pub fn remove_stale() {
+    let Ok(rd) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(rest) = name.strip_prefix("uct-") else {
+            continue;
+        };
+        let mut parts = rest.split('-');
+        let (Some(_kind), Some(pid)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        if let Ok(pid) = pid.parse::<u32>() {
+            if !crate::host::pid_alive(pid) {
+                log::debug!("posix: removing stale segment /dev/shm/{name}");
+                unlink(&format!("/{name}"));
+            }
+        }
+    }
+}
