@@ -14,6 +14,7 @@ use uct_core::{
 };
 
 use crate::conn::{Conn, Payload};
+use crate::iface::Connector;
 use crate::iface::{MAX_AM_HEADER, MAX_AM_ZCOPY, MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
 use crate::wire::{Header, WireAtomic, WireKey};
 
@@ -235,17 +236,34 @@ fn scatter(iov: &[(MemHandle, usize, usize)], data: &[u8]) -> std::result::Resul
 
 /// A tcp endpoint.
 pub(crate) struct TcpEp {
-    state: Arc<Mutex<EpState>>,
+    state: Option<Arc<Mutex<EpState>>>,
+    /// Set while the endpoint waits for `connect_to_ep`.
+    connector: Option<Connector>,
 }
 
 impl TcpEp {
     pub(crate) fn new(state: Arc<Mutex<EpState>>) -> Self {
-        TcpEp { state }
+        TcpEp {
+            state: Some(state),
+            connector: None,
+        }
+    }
+
+    pub(crate) fn unconnected(connector: Connector) -> Self {
+        TcpEp {
+            state: None,
+            connector: Some(connector),
+        }
     }
 
     /// The shared state, if the connection still works.
     fn live(&self) -> Result<MutexGuard<'_, EpState>> {
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let state = self.state.as_ref().ok_or_else(|| {
+            UctError::InvalidParam(
+                "the tcp endpoint is not connected; call connect_to_ep with the peer endpoint's address first".into(),
+            )
+        })?;
+        let s = state.lock().unwrap_or_else(|p| p.into_inner());
         match &s.failed {
             Some(e) => Err(e.clone()),
             None => Ok(s),
@@ -573,5 +591,29 @@ impl Endpoint for TcpEp {
     fn fence(&mut self) -> Result<Status> {
         // One ordered stream, executed in order by the target.
         self.live().map(|_| Status::Done)
+    }
+
+    fn ep_address(&self) -> Result<Vec<u8>> {
+        // Peers reach an endpoint through its iface's listener.
+        match &self.connector {
+            Some(c) => Ok(c.iface_addr.clone()),
+            None => Err(UctError::InvalidParam(
+                "this tcp endpoint was connected to an iface; it has no endpoint address".into(),
+            )),
+        }
+    }
+
+    fn connect_to_ep(&mut self, device_addr: &[u8], ep_addr: &[u8]) -> Result<()> {
+        if self.state.is_some() {
+            return Err(UctError::InvalidParam(
+                "the tcp endpoint is already connected".into(),
+            ));
+        }
+        let c = self
+            .connector
+            .as_ref()
+            .ok_or_else(|| UctError::InvalidParam("the tcp endpoint cannot connect".into()))?;
+        self.state = Some(c.connect(device_addr, ep_addr)?);
+        Ok(())
     }
 }

@@ -29,6 +29,47 @@ pub(crate) const MAX_FRAME_DATA: usize = MAX_ZCOPY;
 const AM_IDS: usize = uct_core::iface::AM_ID_MAX;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The endpoints an iface progresses.
+pub(crate) type EpList = Arc<Mutex<Vec<Weak<Mutex<EpState>>>>>;
+
+/// What an endpoint needs to connect later and be progressed by its iface.
+pub(crate) struct Connector {
+    eps: EpList,
+    timeout: Duration,
+    /// The address of the iface the endpoint belongs to; peers connect to
+    /// it, so it is the endpoint's address too.
+    pub(crate) iface_addr: Vec<u8>,
+}
+
+impl Connector {
+    /// Connects to the peer iface at these addresses and registers the new
+    /// connection with the iface.
+    pub(crate) fn connect(
+        &self,
+        device_addr: &[u8],
+        iface_addr: &[u8],
+    ) -> Result<Arc<Mutex<EpState>>> {
+        let addr = parse_addr(device_addr, iface_addr).ok_or_else(|| {
+            UctError::InvalidParam(format!(
+                "not a tcp address (expected 16 + 2 bytes, got {} + {})",
+                device_addr.len(),
+                iface_addr.len()
+            ))
+        })?;
+        let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+            .map_err(|e| UctError::Unreachable(format!("tcp connect to {addr}: {e}")))?;
+        let state = Arc::new(Mutex::new(EpState::new(
+            Conn::new(stream, MAX_FRAME_DATA, self.timeout)?,
+            addr,
+            self.timeout,
+        )));
+        let mut eps = self.eps.lock().unwrap_or_else(|p| p.into_inner());
+        eps.retain(|w| w.strong_count() > 0);
+        eps.push(Arc::downgrade(&state));
+        Ok(state)
+    }
+}
+
 fn tcp_attrs() -> IfaceAttrs {
     let lim = |max_zcopy| SizeLimits {
         max_short: MAX_SHORT,
@@ -49,6 +90,7 @@ fn tcp_attrs() -> IfaceAttrs {
             | Caps::FLUSH
             | Caps::FENCE
             | Caps::CONNECT_TO_IFACE
+            | Caps::CONNECT_TO_EP
             | Caps::ERRHANDLE_PEER_FAILURE,
         put: lim(MAX_ZCOPY),
         get: lim(MAX_ZCOPY),
@@ -60,7 +102,7 @@ fn tcp_attrs() -> IfaceAttrs {
         overhead_ns: 200.0,
         iface_addr_len: 2,
         device_addr_len: 16,
-        ep_addr_len: 0,
+        ep_addr_len: 2,
     }
 }
 
@@ -74,8 +116,9 @@ pub struct TcpIface {
     handlers: Vec<Option<AmHandler>>,
     /// Connections from peer endpoints: requests come in here.
     accepted: Vec<Conn>,
-    /// This iface's own endpoints, progressed here.
-    eps: Vec<Weak<Mutex<EpState>>>,
+    /// This iface's own endpoints, progressed here. Shared with endpoints
+    /// not yet connected, which add themselves when they connect.
+    eps: EpList,
     peer_timeout: Duration,
 }
 
@@ -117,7 +160,7 @@ impl TcpIface {
             attrs: tcp_attrs(),
             handlers: (0..AM_IDS).map(|_| None).collect(),
             accepted: Vec::new(),
-            eps: Vec::new(),
+            eps: EpList::default(),
             peer_timeout,
         })
     }
@@ -390,32 +433,20 @@ impl Iface for TcpIface {
     }
 
     fn create_ep(&mut self, params: EpParams) -> Result<Box<dyn Endpoint>> {
-        let EpParams::ToIface {
-            device_addr,
-            iface_addr,
-        } = params
-        else {
-            return Err(UctError::InvalidParam(
-                "tcp connects to ifaces; pass EpParams::ToIface".into(),
-            ));
+        let connector = Connector {
+            eps: self.eps.clone(),
+            timeout: self.peer_timeout,
+            iface_addr: self.iface_address(),
         };
-        let addr = parse_addr(&device_addr, &iface_addr).ok_or_else(|| {
-            UctError::InvalidParam(format!(
-                "not a tcp address (expected 16 + 2 bytes, got {} + {})",
-                device_addr.len(),
-                iface_addr.len()
-            ))
-        })?;
-        let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
-            .map_err(|e| UctError::Unreachable(format!("tcp connect to {addr}: {e}")))?;
-        let state = Arc::new(Mutex::new(EpState::new(
-            Conn::new(stream, MAX_FRAME_DATA, self.peer_timeout)?,
-            addr,
-            self.peer_timeout,
-        )));
-        self.eps.retain(|w| w.strong_count() > 0);
-        self.eps.push(Arc::downgrade(&state));
-        Ok(Box::new(TcpEp::new(state)))
+        match params {
+            EpParams::ToIface {
+                device_addr,
+                iface_addr,
+            } => Ok(Box::new(TcpEp::new(
+                connector.connect(&device_addr, &iface_addr)?,
+            ))),
+            EpParams::Unconnected => Ok(Box::new(TcpEp::unconnected(connector))),
+        }
     }
 
     fn set_am_handler(&mut self, id: u8, handler: AmHandler) -> Result<()> {
@@ -429,13 +460,19 @@ impl Iface for TcpIface {
     fn progress(&mut self) -> usize {
         let mut n = self.accept_new();
         n += self.serve();
-        self.eps.retain(|w| match w.upgrade() {
+        // Take the list out so endpoints connecting meanwhile do not wait.
+        let mut eps = std::mem::take(&mut *self.eps.lock().unwrap_or_else(|p| p.into_inner()));
+        eps.retain(|w| match w.upgrade() {
             Some(s) => {
                 n += s.lock().unwrap_or_else(|p| p.into_inner()).progress();
                 true
             }
             None => false,
         });
+        self.eps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(eps);
         n
     }
 }

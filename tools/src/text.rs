@@ -133,6 +133,13 @@ fn transport(s: &mut String, t: &TransportReport) {
     limits_lines(s, "put", &a.capabilities, &a.put);
     limits_lines(s, "get", &a.capabilities, &a.get);
     limits_lines(s, "am", &a.capabilities, &a.am);
+    if !a.capabilities.iter().any(|c| c.starts_with("am_")) {
+        let _ = writeln!(
+            s,
+            "#  {:>20}: none (this transport has no active messages)",
+            "active messages"
+        );
+    }
     if a.capabilities.iter().any(|c| c == "am_zcopy") {
         let _ = writeln!(
             s,
@@ -146,7 +153,9 @@ fn transport(s: &mut String, t: &TransportReport) {
         .filter(|(f, _)| a.capabilities.iter().any(|c| c == f))
         .map(|(_, n)| n)
         .collect();
-    if !atomics.is_empty() {
+    if atomics.is_empty() {
+        let _ = writeln!(s, "#  {:>20}: none", "atomics");
+    } else {
         let _ = writeln!(
             s,
             "#  {:>20}: add, fetch-add, swap, compare-swap ({})",
