@@ -6,3 +6,4 @@ pub mod text;
 // Built-in transports register themselves with the registry when linked.
 pub use tl_sm;
 pub use tl_tcp;
+pub mod perf;

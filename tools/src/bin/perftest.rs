@@ -1,0 +1,343 @@
+//! perftest: latency, bandwidth and message rate of a uct-rs transport.
+//!
+//! No HOST: loopback in one process (a server thread and a client thread,
+//! both ends over the transport). `--listen`: the server side; `HOST`: the
+//! client side. Both sides agree their parameters over the bootstrap channel
+//! and refuse a mismatch.
+
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use clap::Parser;
+use tools::perf::error::{PerfError, Result};
+use tools::perf::params::{parse_sizes, Format, Layout, Params, TestKind};
+use tools::perf::report::{self, Row};
+use tools::perf::run;
+use tools::perf::session::{open_iface, Role, Session};
+use uct_core::bootstrap::{BootstrapChannel, BootstrapListener};
+use uct_core::Registry;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "perftest",
+    version,
+    about = "Measure latency, bandwidth and message rate of a uct-rs transport",
+    after_help = "Modes:\n  perftest -t posix                        loopback in one process: a sweep of put_bw over 8 B..4 MiB\n  perftest --listen -t tcp                 server: waits for one client on -p PORT\n  perftest 127.0.0.1 -t tcp                client: runs the test against that server\n\nExamples:\n  perftest -t posix --test put_lat -s 8\n  perftest -t tcp --test am_bw -s 8:64k -D bcopy\n  perftest -t cma --test get_bw -s 64k,4M --format csv\n  perftest -t posix --test put_bw -s 4k --validate\n\nBandwidth is MiB/s (2^20 bytes) and Gb/s (10^9 bits), counted until the receiver\nconfirms it has the data. Latency tests that ping-pong (put_lat, am_lat, add_lat)\nreport half the round trip, as ucx_perftest does."
+)]
+struct Args {
+    /// Server to connect to; without it, and without --listen, the test runs
+    /// in one process.
+    host: Option<String>,
+
+    /// Be the server: wait for one client, run its test, exit.
+    #[arg(long)]
+    listen: bool,
+
+    /// Transport: self, posix, cma, tcp, rc (what `transport-info -d` lists).
+    #[arg(short = 't', long = "transport", value_name = "NAME")]
+    transport: Option<String>,
+
+    /// Device of the transport (default: its first), e.g. lo, eth0, mlx5_0:1.
+    #[arg(short = 'd', long = "device", value_name = "NAME")]
+    device: Option<String>,
+
+    /// Memory type of the send side and, after a comma, the receive side:
+    /// host, gaudi, cuda.
+    #[arg(
+        short = 'm',
+        long = "mem",
+        value_name = "TYPE[,TYPE]",
+        default_value = "host"
+    )]
+    mem: String,
+
+    /// put_lat, put_bw, get_lat, get_bw, am_lat, am_bw, add_lat, fadd_lat,
+    /// cswap_lat or add_mr.
+    #[arg(long = "test", value_name = "NAME", default_value = "put_bw")]
+    test: String,
+
+    /// Data layout of the sender: short, bcopy or zcopy (default: the
+    /// cheapest one that carries the size).
+    #[arg(short = 'D', value_name = "LAYOUT")]
+    layout: Option<String>,
+
+    /// Sizes: a list (8,64,4k) or a doubling range (8:4M).
+    #[arg(
+        short = 's',
+        long = "sizes",
+        value_name = "SIZES",
+        default_value = "8:4M"
+    )]
+    sizes: String,
+
+    /// Iterations per size (default: enough to move about 256 MiB, between
+    /// 1,000 and 100,000; 20,000 for latency tests; 200 with --validate).
+    #[arg(short = 'n', value_name = "ITERS")]
+    iters: Option<u64>,
+
+    /// Warm-up iterations per size (default: a tenth of -n).
+    #[arg(short = 'w', value_name = "WARMUP")]
+    warmup: Option<u64>,
+
+    /// Most operations in flight in bandwidth tests.
+    #[arg(short = 'O', value_name = "OUTSTANDING", default_value_t = 32)]
+    outstanding: usize,
+
+    /// Check every byte end to end, with a pattern that changes every
+    /// iteration (slow: one check per iteration).
+    #[arg(long)]
+    validate: bool,
+
+    /// Which latency percentile to report beside p50 and the average.
+    #[arg(short = 'R', value_name = "PERCENTILE", default_value_t = 99.0)]
+    percentile: f64,
+
+    /// Output format: table, csv or json.
+    #[arg(long, value_name = "FORMAT", default_value = "table")]
+    format: String,
+
+    /// Print only the result lines: no header, no progress.
+    #[arg(short = 'f')]
+    final_only: bool,
+
+    /// TCP port of the bootstrap channel between client and server.
+    #[arg(short = 'p', long = "port", default_value_t = 13338)]
+    port: u16,
+
+    /// Testing aid: corrupt the transfer of this iteration on purpose, so
+    /// that --validate must report it.
+    #[arg(long, value_name = "ITER", hide = true)]
+    inject_corruption: Option<u64>,
+}
+
+fn params_from(a: &Args) -> Result<Params> {
+    let usage = PerfError::Usage;
+    let transport = a.transport.clone().ok_or_else(|| {
+        let mut names: Vec<String> = Registry::global()
+            .resources()
+            .into_iter()
+            .map(|r| r.tl.transport)
+            .collect();
+        names.dedup();
+        usage(format!(
+            "choose a transport with -t; available here: {}",
+            names.join(", ")
+        ))
+    })?;
+    let (mem_send, mem_recv) = match a.mem.split_once(',') {
+        Some((s, r)) => (s.to_string(), r.to_string()),
+        None => (a.mem.clone(), a.mem.clone()),
+    };
+    for m in [&mem_send, &mem_recv] {
+        uct_core::MemoryType::parse(m).map_err(|e| usage(e.to_string()))?;
+    }
+    if !(0.0..=100.0).contains(&a.percentile) {
+        return Err(usage(format!(
+            "-R {} is not a percentile; use a number from 0 to 100",
+            a.percentile
+        )));
+    }
+    Ok(Params {
+        transport,
+        device: a.device.clone(),
+        mem_send,
+        mem_recv,
+        test: TestKind::parse(&a.test).map_err(usage)?,
+        layout: a
+            .layout
+            .as_deref()
+            .map(Layout::parse)
+            .transpose()
+            .map_err(usage)?,
+        sizes: parse_sizes(&a.sizes).map_err(usage)?,
+        iters: a.iters,
+        warmup: a.warmup,
+        outstanding: a.outstanding.max(1),
+        validate: a.validate,
+        percentile: a.percentile,
+        inject_corruption: a.inject_corruption,
+    })
+}
+
+fn format_of(a: &Args) -> Result<Format> {
+    match a.format.as_str() {
+        "table" => Ok(Format::Table),
+        "csv" => Ok(Format::Csv),
+        "json" => Ok(Format::Json),
+        other => Err(PerfError::Usage(format!(
+            "unknown format '{other}'; use table, csv or json"
+        ))),
+    }
+}
+
+const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs every size on one side; the client prints as it goes.
+fn run_sizes(mut s: Session, out: Option<&Output>) -> Result<Vec<Row>> {
+    run::check_sizes(&s)?;
+    let mut rows = Vec::new();
+    let sizes = s.params.sizes.clone();
+    for (k, &size) in sizes.iter().enumerate() {
+        let (iters, warmup) = (s.params.iters_for(size), s.params.warmup_for(size));
+        if let Some(o) = out {
+            o.progress(&format!(
+                "[{}/{}] {} {} bytes, {iters} iterations...",
+                k + 1,
+                sizes.len(),
+                s.params.test.name(),
+                size
+            ));
+        }
+        run::phase(&mut s, size, warmup)?;
+        if let Some(m) = run::phase(&mut s, size, iters)? {
+            let layout = run::layout_for(&s, size)?.name();
+            let row = Row::new(
+                s.params.test,
+                &s.params.transport,
+                layout,
+                &m,
+                s.params.percentile,
+            );
+            if let Some(o) = out {
+                o.row(&row);
+            }
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+struct Output {
+    format: Format,
+    final_only: bool,
+    tty: bool,
+}
+
+impl Output {
+    fn progress(&self, msg: &str) {
+        if self.tty && !self.final_only {
+            eprint!("\r\x1b[2K{msg}");
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    fn header(&self, p: &Params) {
+        if self.final_only {
+            return;
+        }
+        match self.format {
+            Format::Table => {
+                println!(
+                    "# perftest: {} over {}{}, memory {} -> {}{}",
+                    p.test.name(),
+                    p.transport,
+                    p.device
+                        .as_deref()
+                        .map(|d| format!("/{d}"))
+                        .unwrap_or_default(),
+                    p.mem_send,
+                    p.mem_recv,
+                    if p.validate {
+                        ", validating every byte"
+                    } else {
+                        ""
+                    }
+                );
+                println!(
+                    "{}",
+                    report::table_header(p.percentile, p.test.is_latency())
+                );
+            }
+            Format::Csv => println!("{}", report::csv_header()),
+            Format::Json => {}
+        }
+    }
+
+    fn row(&self, r: &Row) {
+        if self.tty && !self.final_only {
+            eprint!("\r\x1b[2K");
+        }
+        match self.format {
+            Format::Table => println!("{}", report::table_row(r)),
+            Format::Csv => println!("{}", report::csv_row(r)),
+            Format::Json => {}
+        }
+    }
+
+    fn finish(&self, rows: &[Row]) {
+        if self.format == Format::Json {
+            match serde_json::to_string_pretty(rows) {
+                Ok(s) => println!("{s}"),
+                Err(e) => eprintln!("perftest: cannot encode JSON: {e}"),
+            }
+        }
+    }
+}
+
+fn main_result(a: Args) -> Result<()> {
+    let params = params_from(&a)?;
+    let out = Output {
+        format: format_of(&a)?,
+        final_only: a.final_only,
+        tty: std::io::stdout().is_terminal(),
+    };
+    let reg = Registry::global();
+    if a.listen {
+        if a.host.is_some() {
+            return Err(PerfError::Usage(
+                "--listen takes no HOST; start the client with the server's address".into(),
+            ));
+        }
+        // Refuse at once what this side cannot run.
+        drop(open_iface(reg, &params)?);
+        let l = BootstrapListener::bind(("0.0.0.0", a.port), Duration::from_secs(24 * 3600))?;
+        eprintln!(
+            "perftest: waiting for a client on port {} ({} over {})",
+            a.port,
+            params.test.name(),
+            params.transport
+        );
+        let ch = l.accept()?;
+        let s = Session::open(reg, &params, ch, Role::Server)?;
+        run_sizes(s, None)?;
+        return Ok(());
+    }
+    drop(open_iface(reg, &params)?);
+    let client_ch = match &a.host {
+        Some(host) => BootstrapChannel::connect((host.as_str(), a.port), BOOTSTRAP_TIMEOUT)?,
+        None => {
+            // Loopback: a server thread in this process.
+            let l = BootstrapListener::bind("127.0.0.1:0", BOOTSTRAP_TIMEOUT)?;
+            let addr = l.local_addr()?;
+            let sp = params.clone();
+            std::thread::Builder::new()
+                .name("perftest-server".into())
+                .spawn(move || {
+                    let r = l
+                        .accept()
+                        .map_err(PerfError::from)
+                        .and_then(|ch| Session::open(Registry::global(), &sp, ch, Role::Server))
+                        .and_then(|s| run_sizes(s, None));
+                    if let Err(e) = r {
+                        log::debug!("perftest server thread: {e}");
+                    }
+                })
+                .map_err(|e| PerfError::Usage(format!("cannot start the server thread: {e}")))?;
+            BootstrapChannel::connect(addr, BOOTSTRAP_TIMEOUT)?
+        }
+    };
+    let s = Session::open(reg, &params, client_ch, Role::Client)?;
+    out.header(&s.params);
+    let rows = run_sizes(s, Some(&out))?;
+    out.finish(&rows);
+    Ok(())
+}
+
+fn main() {
+    uct_core::logging::init();
+    let args = Args::parse();
+    if let Err(e) = main_result(args) {
+        eprintln!("\rperftest: {e}");
+        std::process::exit(e.exit_code());
+    }
+}

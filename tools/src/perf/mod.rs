@@ -1,0 +1,9 @@
+//! perftest: latency, bandwidth and message rate of a transport, in one
+//! process (two threads) or between two processes, agreed over the
+//! bootstrap channel.
+
+pub mod error;
+pub mod params;
+pub mod report;
+pub mod run;
+pub mod session;

@@ -1,0 +1,244 @@
+//! One side of a perftest run: the iface, the endpoint to the peer, the
+//! send and receive buffers, and the peer's receive buffer and rkey, set up
+//! over the bootstrap channel.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use uct_core::bootstrap::BootstrapChannel;
+use uct_core::{
+    Access, Caps, Endpoint, EpParams, Iface, IfaceParams, MdFlags, MemHandle, MemoryType, Registry,
+    RemoteKey, RkeyBundle,
+};
+
+use super::error::{PerfError, Result};
+use super::params::Params;
+
+/// Active-message id perftest uses.
+pub const AM_ID: u8 = 1;
+
+/// What the active-message handler saw.
+#[derive(Default)]
+pub struct AmState {
+    pub count: AtomicU64,
+    /// Validation: the message size expected, and the first bad message.
+    pub size: AtomicU64,
+    pub validate: std::sync::atomic::AtomicBool,
+    pub first_bad: Mutex<Option<(u64, String)>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Hello {
+    Params(Box<Params>),
+    Accept,
+    Refuse(String),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Setup {
+    device_addr: Vec<u8>,
+    iface_addr: Vec<u8>,
+    ep_addr: Option<Vec<u8>>,
+    recv_addr: u64,
+    recv_len: u64,
+    rkey: Vec<u8>,
+}
+
+/// Which end of the run this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Drives the test and measures.
+    Client,
+    /// Answers and confirms.
+    Server,
+}
+
+/// One side, connected.
+pub struct Session {
+    pub params: Params,
+    pub role: Role,
+    pub iface: Box<dyn Iface>,
+    pub ep: Box<dyn Endpoint>,
+    pub send: MemHandle,
+    pub recv: MemHandle,
+    pub peer_addr: u64,
+    pub peer_len: u64,
+    pub peer_rkey: RemoteKey,
+    pub ch: BootstrapChannel,
+    pub am: Arc<AmState>,
+    /// Host buffers registered with MDs that do not allocate.
+    _buffers: Vec<Box<[u8]>>,
+}
+
+/// Opens `params.transport` here, checking what the run needs.
+pub fn open_iface(reg: &Registry, params: &Params) -> Result<Box<dyn Iface>> {
+    let res = reg
+        .find_resource(&params.transport, params.device.as_deref())
+        .map_err(|e| {
+            let mut names: Vec<String> = reg
+                .resources()
+                .into_iter()
+                .map(|r| r.tl.transport)
+                .collect();
+            names.dedup();
+            PerfError::Usage(format!(
+                "{e}; transports available here: {}",
+                if names.is_empty() {
+                    "none".into()
+                } else {
+                    names.join(", ")
+                }
+            ))
+        })?;
+    let iface = res
+        .component
+        .open_iface(&res.md, &res.tl, &IfaceParams::default())?;
+    for mem in [&params.mem_send, &params.mem_recv] {
+        let t = MemoryType::parse(mem).map_err(|e| PerfError::Usage(e.to_string()))?;
+        if !iface.attrs().mem_types.contains(&t) {
+            return Err(PerfError::Usage(format!(
+                "{} cannot use {t} memory: it moves {} memory only; {t} memory needs an RDMA NIC with DMA-buf support, e.g. `perftest -t rc -m {t}` on mlx5, efa, irdma or bnxt_re",
+                params.transport,
+                iface.attrs().mem_types.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
+    Ok(iface)
+}
+
+fn alloc(iface: &dyn Iface, len: usize, buffers: &mut Vec<Box<[u8]>>) -> Result<MemHandle> {
+    let md = iface.md();
+    let attrs = md.attrs();
+    if attrs.flags.contains(MdFlags::ALLOC) && attrs.alloc_mem_types.contains(&MemoryType::Host) {
+        return Ok(md.alloc(len, MemoryType::Host, Access::all_rights())?);
+    }
+    let mut buf = vec![0u8; len].into_boxed_slice();
+    // SAFETY: the buffer lives in the session as long as the handle.
+    let mem = unsafe { md.register(buf.as_mut_ptr(), len, Access::all_rights()) }?;
+    buffers.push(buf);
+    Ok(mem)
+}
+
+impl Session {
+    /// Agrees the parameters (the client proposes, the server checks them
+    /// against its own), opens the transport and connects both ways.
+    pub fn open(
+        reg: &Registry,
+        params: &Params,
+        mut ch: BootstrapChannel,
+        role: Role,
+    ) -> Result<Session> {
+        let params = match role {
+            Role::Client => {
+                ch.send_msg(&Hello::Params(Box::new(params.clone())))?;
+                match ch.recv_msg::<Hello>()? {
+                    Hello::Accept => params.clone(),
+                    Hello::Refuse(why) => return Err(PerfError::Refused(why)),
+                    other => {
+                        return Err(PerfError::Protocol(format!(
+                            "expected accept, got {other:?}"
+                        )))
+                    }
+                }
+            }
+            Role::Server => {
+                let theirs = match ch.recv_msg::<Hello>()? {
+                    Hello::Params(p) => *p,
+                    other => {
+                        return Err(PerfError::Protocol(format!(
+                            "expected parameters, got {other:?}"
+                        )))
+                    }
+                };
+                if let Some(m) = theirs.mismatch(params) {
+                    let why = format!("{m}; start both sides with the same -t, -d and -m");
+                    let _ = ch.send_msg(&Hello::Refuse(why.clone()));
+                    return Err(PerfError::Refused(why));
+                }
+                // The server opens its side before accepting, so that a
+                // transport it lacks is reported to the client.
+                if let Err(e) = open_iface(reg, &theirs) {
+                    let _ = ch.send_msg(&Hello::Refuse(format!("on the server: {e}")));
+                    return Err(e);
+                }
+                ch.send_msg(&Hello::Accept)?;
+                theirs
+            }
+        };
+        let mut iface = open_iface(reg, &params)?;
+        let caps = iface.attrs().caps;
+        let max = params.sizes.iter().copied().max().unwrap_or(8).max(64);
+        let len = max.div_ceil(4096) * 4096;
+        let mut buffers = Vec::new();
+        let send = alloc(iface.as_ref(), len, &mut buffers)?;
+        let recv = alloc(iface.as_ref(), len, &mut buffers)?;
+        let md = iface.md().clone();
+        let rkey = RkeyBundle::single(md.pack_rkey(&recv)?).pack()?;
+        let by_iface = caps.contains(Caps::CONNECT_TO_IFACE);
+        let mut pending_ep = if by_iface {
+            None
+        } else {
+            Some(iface.create_ep(EpParams::Unconnected)?)
+        };
+        let ours = Setup {
+            device_addr: iface.device_address(),
+            iface_addr: iface.iface_address(),
+            ep_addr: pending_ep.as_ref().map(|e| e.ep_address()).transpose()?,
+            recv_addr: recv.addr(),
+            recv_len: recv.len() as u64,
+            rkey,
+        };
+        ch.send_msg(&ours)?;
+        let theirs: Setup = ch.recv_msg()?;
+        let ep = match pending_ep.take() {
+            None => iface.create_ep(EpParams::ToIface {
+                device_addr: theirs.device_addr.clone(),
+                iface_addr: theirs.iface_addr.clone(),
+            })?,
+            Some(mut ep) => {
+                let addr = theirs.ep_addr.as_deref().ok_or_else(|| {
+                    PerfError::Protocol("the peer sent no endpoint address".into())
+                })?;
+                ep.connect_to_ep(&theirs.device_addr, addr)?;
+                ep
+            }
+        };
+        let peer_rkey = reg.unpack_rkey(&theirs.rkey, md.name())?;
+        let am = Arc::new(AmState::default());
+        if caps.intersects(Caps::AM) {
+            let st = am.clone();
+            iface.set_am_handler(
+                AM_ID,
+                Box::new(move |m| {
+                    let n = st.count.fetch_add(1, Ordering::AcqRel);
+                    if st.validate.load(Ordering::Relaxed) {
+                        let size = st.size.load(Ordering::Relaxed) as usize;
+                        if let Some(why) = super::run::check_pattern(m.data, size, n) {
+                            st.first_bad
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .get_or_insert((n, why));
+                        }
+                    }
+                }),
+            )?;
+        }
+        // Both sides connected before either starts.
+        ch.barrier()?;
+        Ok(Session {
+            params,
+            role,
+            iface,
+            ep,
+            send,
+            recv,
+            peer_addr: theirs.recv_addr,
+            peer_len: theirs.recv_len,
+            peer_rkey,
+            ch,
+            am,
+            _buffers: buffers,
+        })
+    }
+}
