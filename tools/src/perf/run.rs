@@ -169,12 +169,23 @@ fn read_u64(s: &Session, off: usize) -> u64 {
     }
 }
 
-fn buf_mut(m: &uct_core::MemHandle, len: usize) -> &mut [u8] {
+/// The first `len` bytes of a session buffer.
+fn buf(m: &uct_core::MemHandle, len: usize) -> &[u8] {
+    match m.host_ptr(0, len) {
+        // SAFETY: a checked range of a live host buffer owned by the
+        // session; the peer may write it, as with any RDMA buffer.
+        Ok(p) => unsafe { std::slice::from_raw_parts(p, len) },
+        Err(_) => &[],
+    }
+}
+
+/// Runs `f` on the first `len` bytes of a session buffer.
+fn with_mut<R>(m: &uct_core::MemHandle, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     match m.host_ptr(0, len) {
         // SAFETY: a checked range of a host buffer owned by the session;
-        // only this thread writes it (the peer writes the other buffer).
-        Ok(p) => unsafe { std::slice::from_raw_parts_mut(p, len) },
-        Err(_) => &mut [],
+        // only this thread writes it, and the slice lives only during `f`.
+        Ok(p) => f(unsafe { std::slice::from_raw_parts_mut(p, len) }),
+        Err(_) => f(&mut []),
     }
 }
 
@@ -238,7 +249,7 @@ fn post_data(
     let addr = s.peer_addr;
     let test = s.params.test;
     let send = s.send.clone();
-    let data = buf_mut(&send, size);
+    let data = buf(&send, size);
     let rkey = &s.peer_rkey;
     let ep = s.ep.as_mut();
     loop {
@@ -274,7 +285,10 @@ fn post_get(s: &mut Session, layout: Layout, size: usize, comp: &Completion) -> 
     loop {
         let rkey = &s.peer_rkey;
         let r = match layout {
-            Layout::Short => s.ep.get_short(buf_mut(&send, size), addr, rkey),
+            Layout::Short => {
+                let ep = s.ep.as_mut();
+                with_mut(&send, size, |b| ep.get_short(b, addr, rkey))
+            }
             Layout::Bcopy => s.ep.get_bcopy(size, addr, rkey, comp),
             Layout::Zcopy => {
                 s.ep.get_zcopy(&[Iov::new(&send, 0, size)], addr, rkey, Some(comp))
@@ -289,12 +303,14 @@ fn post_get(s: &mut Session, layout: Layout, size: usize, comp: &Completion) -> 
 
 /// Fills the send buffer for iteration `iter` (validation only).
 fn fill_send(s: &Session, size: usize, iter: u64) {
-    let buf = buf_mut(&s.send, size);
-    pattern_into(buf, iter);
-    if s.params.inject_corruption == Some(iter) && !buf.is_empty() {
-        // Testing aid: this transfer is corrupted on purpose.
-        buf[size / 2] ^= 0x5a;
-    }
+    let corrupt = s.params.inject_corruption == Some(iter);
+    with_mut(&s.send, size, |buf| {
+        pattern_into(buf, iter);
+        if corrupt && !buf.is_empty() {
+            // Testing aid: this transfer is corrupted on purpose.
+            buf[size / 2] ^= 0x5a;
+        }
+    });
 }
 
 fn ctl(s: &mut Session, msg: &Ctl) -> Result<Option<(u64, String)>> {
@@ -323,7 +339,7 @@ fn prepare(s: &mut Session, size: usize) -> Result<()> {
     s.am.validate.store(s.params.validate, Ordering::Relaxed);
     *s.am.first_bad.lock().unwrap_or_else(|e| e.into_inner()) = None;
     let len = s.recv.len();
-    buf_mut(&s.recv, len).fill(0);
+    with_mut(&s.recv, len, |b| b.fill(0));
     s.ch.barrier()?;
     Ok(())
 }
@@ -366,14 +382,14 @@ fn ping(s: &mut Session, layout: Layout, size: usize, i: u64) -> Result<()> {
             if s.params.validate {
                 fill_send(s, size - 8, i);
             }
-            buf_mut(&s.send, size)[size - 8..].copy_from_slice(&seq.to_le_bytes());
+            s.send.write(size - 8, &seq.to_le_bytes())?;
             post_data(s, layout, size, None)?;
         }
         _ => {
             if s.params.validate {
                 fill_send(s, size, i);
             } else {
-                buf_mut(&s.send, size)[..8].copy_from_slice(&seq.to_le_bytes());
+                s.send.write(0, &seq.to_le_bytes())?;
             }
             post_data(s, layout, size, None)?;
         }
@@ -393,7 +409,7 @@ fn pong_arrived(s: &mut Session, size: usize, i: u64) -> Result<()> {
         _ => spin(s, "the peer's write", |s| read_u64(s, off) >= seq)?,
     }
     if test == TestKind::PutLat && s.params.validate {
-        let got = buf_mut(&s.recv, size - 8).to_vec();
+        let got = buf(&s.recv, size - 8).to_vec();
         if let Some(why) = check_pattern(&got, size - 8, i) {
             s.am.first_bad
                 .lock()
@@ -472,7 +488,7 @@ fn client(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<Me
                     if validate {
                         let mut got = match (layout, comp.take_data()) {
                             (Layout::Bcopy, Some(CompletionData::Bytes(b))) => b,
-                            _ => buf_mut(&s.send, size).to_vec(),
+                            _ => buf(&s.send, size).to_vec(),
                         };
                         if s.params.inject_corruption == Some(i) && !got.is_empty() {
                             got[size / 2] ^= 0x5a;
@@ -589,12 +605,12 @@ fn server(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<()
         }
         match s.ch.recv_msg::<Ctl>()? {
             Ctl::Check { iter } => {
-                let got = buf_mut(&s.recv, size).to_vec();
+                let got = buf(&s.recv, size).to_vec();
                 let bad = check_pattern(&got, size, iter).map(|w| (iter, w));
                 s.ch.send_msg(&Ctl::Ack { bad })?;
             }
             Ctl::Fill { iter } => {
-                pattern_into(buf_mut(&s.recv, size), iter);
+                with_mut(&s.recv, size, |b| pattern_into(b, iter));
                 s.ch.send_msg(&Ctl::Ack { bad: None })?;
             }
             Ctl::Done { am_expected } => {
