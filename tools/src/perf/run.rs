@@ -96,10 +96,14 @@ pub fn layout_for(s: &Session, size: usize) -> Result<Layout> {
             .join(", ")
     };
     if offered.is_empty() {
+        let what = match test.op() {
+            Op::Put => "puts",
+            Op::Get => "gets",
+            _ => "active messages",
+        };
         return Err(PerfError::Usage(format!(
-            "{tl} cannot run {}: it has no {:?} operations",
-            test.name(),
-            test.op()
+            "{tl} cannot run {}: it has no {what}; `transport-info -d` shows what each transport offers (posix has them all)",
+            test.name()
         )));
     }
     match s.params.layout {
