@@ -41,39 +41,44 @@ impl PosixEp {
         Ok(())
     }
 
-    fn mapping(&self, key: &PosixRkey) -> Result<Arc<Mapping>> {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = cache.get(&key.segment) {
-            if !m.is_dead() {
-                return Ok(m.clone());
-            }
-            // Freed by its owner: forget it; opening the name again fails.
-            cache.remove(&key.segment);
+    /// The segment of `key`, mapped once per key (and once per iface for
+    /// keys of the same segment).
+    fn mapping<'k>(&self, key: &'k PosixRkey) -> Result<&'k Mapping> {
+        if let Some(m) = key.mapping.get() {
+            return Ok(m);
         }
-        let m = Arc::new(Mapping::open(&key.segment, key.soft.region_id)?);
-        cache.insert(key.segment.clone(), m.clone());
-        Ok(m)
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let m = match cache.get(&key.segment) {
+            Some(m) if !m.is_dead() => m.clone(),
+            _ => {
+                // Not mapped yet, or freed by its owner: opening the name
+                // again fails for a freed segment.
+                cache.remove(&key.segment);
+                let m = Arc::new(Mapping::open(&key.segment, key.soft.region_id)?);
+                cache.insert(key.segment.clone(), m.clone());
+                m
+            }
+        };
+        let _ = key.mapping.set(m);
+        key.mapping
+            .get()
+            .map(|m| m.as_ref())
+            .ok_or_else(|| UctError::NoSuchRegion {
+                region_id: key.soft.region_id,
+            })
     }
 
-    /// Checks an access and returns the mapping (kept alive by the caller
-    /// while it copies) and the address in it.
-    fn target(
-        &self,
-        rkey: &RemoteKey,
-        addr: u64,
-        len: usize,
-        needed: Access,
-    ) -> Result<(Arc<Mapping>, *mut u8)> {
+    /// Checks an access and returns the address in the mapping, which the
+    /// rkey keeps mapped while the caller copies.
+    fn target(&self, rkey: &RemoteKey, addr: u64, len: usize, needed: Access) -> Result<*mut u8> {
         let key = rkey.downcast::<PosixRkey>("posix")?;
-        let m = self.mapping(key)?;
-        let p = m.check(
+        self.mapping(key)?.check(
             key.soft.region_id,
             key.soft.secret,
             addr,
             len as u64,
             needed,
-        )?;
-        Ok((m, p))
+        )
     }
 
     fn check_size(what: &str, len: usize, max: usize) -> Result<()> {
@@ -107,14 +112,15 @@ impl PosixEp {
     }
 
     fn write(&self, data: &[u8], addr: u64, rkey: &RemoteKey) -> Result<Status> {
-        let (_m, p) = self.target(rkey, addr, data.len(), Access::REMOTE_WRITE)?;
-        // SAFETY: `check` placed [p, p+len) inside the live mapping `_m`.
+        let p = self.target(rkey, addr, data.len(), Access::REMOTE_WRITE)?;
+        // SAFETY: `check` placed [p, p+len) inside the mapping, which the
+        // rkey keeps mapped.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
         Ok(Status::Done)
     }
 
     fn read(&self, out: &mut [u8], addr: u64, rkey: &RemoteKey) -> Result<()> {
-        let (_m, p) = self.target(rkey, addr, out.len(), Access::REMOTE_READ)?;
+        let p = self.target(rkey, addr, out.len(), Access::REMOTE_READ)?;
         // SAFETY: as in write.
         unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
         Ok(())
@@ -157,7 +163,7 @@ impl PosixEp {
                 align: width as u64,
             });
         }
-        let (_m, p) = self.target(rkey, addr, width, Access::REMOTE_ATOMIC)?;
+        let p = self.target(rkey, addr, width, Access::REMOTE_ATOMIC)?;
         Ok(op(p))
     }
 }
@@ -192,7 +198,7 @@ impl Endpoint for PosixEp {
         _comp: Option<&Completion>,
     ) -> Result<Status> {
         let total = Self::check_iov(iov, MAX_ZCOPY)?;
-        let (_m, p) = self.target(rkey, remote_addr, total, Access::REMOTE_WRITE)?;
+        let p = self.target(rkey, remote_addr, total, Access::REMOTE_WRITE)?;
         let mut at = 0;
         for e in iov {
             let src = e.mem.host_ptr(e.offset, e.len)?;
@@ -232,7 +238,7 @@ impl Endpoint for PosixEp {
         _comp: Option<&Completion>,
     ) -> Result<Status> {
         let total = Self::check_iov(iov, MAX_ZCOPY)?;
-        let (_m, p) = self.target(rkey, remote_addr, total, Access::REMOTE_READ)?;
+        let p = self.target(rkey, remote_addr, total, Access::REMOTE_READ)?;
         let mut at = 0;
         for e in iov {
             let dst = e.mem.host_ptr(e.offset, e.len)?;

@@ -31,6 +31,10 @@ pub struct PosixRkey {
     pub soft: SoftRkey,
     /// Name of the segment to map.
     pub segment: String,
+    /// The segment, once an endpoint has mapped it: later accesses through
+    /// this key go straight to the header check.
+    #[serde(skip)]
+    pub(crate) mapping: std::sync::OnceLock<std::sync::Arc<Mapping>>,
 }
 
 /// The posix memory domain: allocates shared-memory segments.
@@ -153,6 +157,7 @@ impl MemoryDomain for PosixMd {
             payload: encode_payload(&PosixRkey {
                 soft: b.key,
                 segment: b.name.clone(),
+                mapping: Default::default(),
             })?,
         })
     }

@@ -30,6 +30,7 @@ pub struct SegHeader {
 }
 
 /// A mapping of a segment, owned or opened.
+#[derive(Debug)]
 pub struct Mapping {
     ptr: NonNull<u8>,
     size: usize,

@@ -2,6 +2,7 @@
 //! process (two threads) or between two processes, agreed over the
 //! bootstrap channel.
 
+pub mod clock;
 pub mod error;
 pub mod params;
 pub mod report;

@@ -9,9 +9,16 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use uct_core::{AtomicValue, Caps, Completion, CompletionData, Endpoint, FetchOp, Iov, Status};
 
+use super::clock::Clock;
 use super::error::{PerfError, Result};
 use super::params::{Layout, Op, TestKind};
 use super::session::{Role, Session, AM_ID};
+
+/// The process's calibrated clock.
+fn clock() -> Clock {
+    static CLOCK: std::sync::OnceLock<Clock> = std::sync::OnceLock::new();
+    *CLOCK.get_or_init(Clock::new)
+}
 
 /// What one measured phase produced (client side).
 #[derive(Debug, Clone)]
@@ -250,17 +257,23 @@ fn post_data(
     size: usize,
     comp: Option<&Completion>,
 ) -> Result<()> {
-    let addr = s.peer_addr;
     let test = s.params.test;
-    let send = s.send.clone();
-    let data = buf(&send, size);
-    let rkey = &s.peer_rkey;
-    let ep = s.ep.as_mut();
+    // Borrow the fields apart: no handle clones on the hot path.
+    let Session {
+        ep,
+        iface,
+        send,
+        peer_rkey: rkey,
+        peer_addr: addr,
+        ..
+    } = s;
+    let addr = *addr;
+    let data = buf(send, size);
     loop {
         let r = match (test.op(), layout) {
             (Op::Put, Layout::Short) => ep.put_short(data, addr, rkey),
             (Op::Put, Layout::Bcopy) => ep.put_bcopy(data, addr, rkey),
-            (Op::Put, Layout::Zcopy) => ep.put_zcopy(&[Iov::new(&send, 0, size)], addr, rkey, comp),
+            (Op::Put, Layout::Zcopy) => ep.put_zcopy(&[Iov::new(send, 0, size)], addr, rkey, comp),
             // The first 8 bytes travel as the header.
             (Op::Am, Layout::Short) => {
                 let mut h = [0u8; 8];
@@ -268,7 +281,7 @@ fn post_data(
                 ep.am_short(AM_ID, u64::from_le_bytes(h), &data[8.min(size)..])
             }
             (Op::Am, Layout::Bcopy) => ep.am_bcopy(AM_ID, data),
-            (Op::Am, Layout::Zcopy) => ep.am_zcopy(AM_ID, &[], &[Iov::new(&send, 0, size)], comp),
+            (Op::Am, Layout::Zcopy) => ep.am_zcopy(AM_ID, &[], &[Iov::new(send, 0, size)], comp),
             _ => {
                 return Err(PerfError::Protocol(
                     "post_data is for puts and active messages".into(),
@@ -278,7 +291,7 @@ fn post_data(
         if r != Status::NoResource {
             return Ok(());
         }
-        s.iface.progress();
+        iface.progress();
     }
 }
 
@@ -430,19 +443,20 @@ fn client(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<Me
     let validate = s.params.validate;
     let outstanding = s.params.outstanding.max(1);
     let mut am_expected = 0;
+    let clk = clock();
     let start = Instant::now();
     match test {
         TestKind::PutLat | TestKind::AmLat | TestKind::AddLat => {
             for i in 0..iters {
-                let t0 = Instant::now();
+                let t0 = clk.now();
                 ping(s, layout, size, i)?;
                 pong_arrived(s, size, i)?;
-                samples.push(t0.elapsed().as_nanos() as f64 / 2.0);
+                samples.push(clk.ns(clk.now().wrapping_sub(t0)) / 2.0);
             }
         }
         TestKind::PutBw | TestKind::AmBw => {
             let comp = Completion::new();
-            let mut last = Instant::now();
+            let mut last = clk.now();
             for i in 0..iters {
                 if validate {
                     fill_send(s, size, i);
@@ -460,8 +474,8 @@ fn client(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<Me
                 while comp.pending() >= outstanding {
                     s.iface.progress();
                 }
-                let now = Instant::now();
-                samples.push((now - last).as_nanos() as f64);
+                let now = clk.now();
+                samples.push(clk.ns(now.wrapping_sub(last)));
                 last = now;
             }
             wait(s, &comp, "the last transfers")?;
@@ -473,21 +487,21 @@ fn client(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<Me
         }
         TestKind::GetLat | TestKind::GetBw => {
             let comp = Completion::new();
-            let mut last = Instant::now();
+            let mut last = clk.now();
             for i in 0..iters {
                 if validate {
                     if let Some(bad) = ctl(s, &Ctl::Fill { iter: i })? {
                         return Err(fail(s, size, bad));
                     }
                 }
-                let t0 = Instant::now();
+                let t0 = clk.now();
                 let st = post_get(s, layout, size, &comp)?;
                 if test == TestKind::GetLat || validate {
                     if st == Status::InProgress {
                         wait(s, &comp, "a get")?;
                     }
                     if test == TestKind::GetLat {
-                        samples.push(t0.elapsed().as_nanos() as f64);
+                        samples.push(clk.ns(clk.now().wrapping_sub(t0)));
                     }
                     if validate {
                         let mut got = match (layout, comp.take_data()) {
@@ -507,8 +521,8 @@ fn client(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<Me
                     }
                 }
                 if test == TestKind::GetBw {
-                    let now = Instant::now();
-                    samples.push((now - last).as_nanos() as f64);
+                    let now = clk.now();
+                    samples.push(clk.ns(now.wrapping_sub(last)));
                     last = now;
                 }
                 // bcopy data is not needed in bandwidth runs.
@@ -529,7 +543,7 @@ fn client(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<Me
                         swap: AtomicValue::U64(i + 1),
                     }
                 };
-                let t0 = Instant::now();
+                let t0 = clk.now();
                 let st = loop {
                     let st = s.ep.atomic_fetch(op, addr, &s.peer_rkey, &comp)?;
                     if st != Status::NoResource {
@@ -540,7 +554,7 @@ fn client(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<Me
                 if st == Status::InProgress {
                     wait(s, &comp, "an atomic")?;
                 }
-                samples.push(t0.elapsed().as_nanos() as f64);
+                samples.push(clk.ns(clk.now().wrapping_sub(t0)));
                 let old = comp.value().unwrap_or(u64::MAX);
                 if validate && old != i {
                     return Err(fail(
@@ -553,7 +567,7 @@ fn client(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<Me
         }
         TestKind::AddMr => {
             let addr = s.peer_addr;
-            let mut last = Instant::now();
+            let mut last = clk.now();
             for _ in 0..iters {
                 loop {
                     if s.ep.atomic_add(AtomicValue::U64(1), addr, &s.peer_rkey)?
@@ -563,8 +577,8 @@ fn client(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<Me
                     }
                     s.iface.progress();
                 }
-                let now = Instant::now();
-                samples.push((now - last).as_nanos() as f64);
+                let now = clk.now();
+                samples.push(clk.ns(now.wrapping_sub(last)));
                 last = now;
             }
             flush(s)?;
