@@ -63,7 +63,7 @@ impl PosixEp {
         key.mapping
             .get()
             .map(|m| m.as_ref())
-            .ok_or_else(|| UctError::NoSuchRegion {
+            .ok_or(UctError::NoSuchRegion {
                 region_id: key.soft.region_id,
             })
     }
