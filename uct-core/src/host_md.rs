@@ -2,18 +2,15 @@
 //! software transports. Every region is entered in a [`RegionTable`], so
 //! remote accesses are checked against its range, rights and secret.
 
-use std::alloc::Layout;
 use std::any::Any;
-use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::error::{Result, UctError};
+use crate::host_alloc::HostAlloc;
 use crate::md::{MdAttrs, MdFlags, MemInfo, MemoryDomain, RegCost};
 use crate::memory::{Access, MemBacking, MemHandle, MemRegion, MemoryType};
 use crate::region_table::{RegionTable, Registration, SoftRkey};
 use crate::rkey::{decode_payload, encode_payload, RemoteKey, RkeyEntry};
-
-const PAGE: usize = 4096;
 
 /// A software MD over host memory.
 pub struct HostMd {
@@ -26,7 +23,7 @@ pub struct HostMd {
 /// MD allocated it.
 struct HostBacking {
     reg: Option<Registration>,
-    alloc: Option<(NonNull<u8>, Layout)>,
+    alloc: Option<HostAlloc>,
 }
 
 // SAFETY: the allocation pointer is owned exclusively by this backing and is
@@ -46,11 +43,7 @@ impl Drop for HostBacking {
         // Deregister first: this waits for remote accesses in flight, so no
         // peer touches the memory after it is freed.
         drop(self.reg.take());
-        if let Some((ptr, layout)) = self.alloc.take() {
-            // SAFETY: allocated in `HostMd::alloc` with this exact layout and
-            // freed only here.
-            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
-        }
+        drop(self.alloc.take());
     }
 }
 
@@ -142,12 +135,8 @@ impl MemoryDomain for HostMd {
                 hint: "it allocates host memory only; allocate device memory with the device's MD (gaudi0, ...)".into(),
             });
         }
-        let layout = Layout::from_size_align(len.max(1), PAGE)
-            .map_err(|_| UctError::InvalidParam(format!("cannot allocate {len} bytes")))?;
-        // SAFETY: layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
-            .ok_or_else(|| UctError::NoMemory(format!("allocating {len} bytes of host memory")))?;
-        let addr = ptr.as_ptr() as u64;
+        let mem = HostAlloc::new(len)?;
+        let addr = mem.as_ptr() as u64;
         let reg = self.table.insert(addr, len as u64, access);
         Ok(MemRegion::new(
             addr,
@@ -157,7 +146,7 @@ impl MemoryDomain for HostMd {
             self.name.clone(),
             Box::new(HostBacking {
                 reg: Some(reg),
-                alloc: Some((ptr, layout)),
+                alloc: Some(mem),
             }),
         ))
     }
@@ -225,7 +214,7 @@ mod tests {
     fn alloc_pack_unpack() {
         let md = HostMd::new("self", "self");
         let mem = md.alloc(100, MemoryType::Host, Access::all()).unwrap();
-        assert_eq!(mem.addr() % PAGE as u64, 0);
+        assert_eq!(mem.addr() % 4096, 0);
         mem.write(10, b"hello").unwrap();
         let mut out = [0u8; 5];
         mem.read(10, &mut out).unwrap();

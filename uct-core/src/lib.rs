@@ -16,6 +16,7 @@ pub mod component;
 pub mod config;
 pub mod ep;
 pub mod error;
+pub mod host_alloc;
 pub mod host_md;
 pub mod iface;
 pub mod logging;

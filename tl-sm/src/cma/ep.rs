@@ -1,6 +1,8 @@
 //! The cma endpoint: reads the owner's registration record, checks it, then
 //! moves the data with one process_vm_* call (more if partial).
 
+use std::sync::Arc;
+
 use uct_core::memory::iov_total;
 use uct_core::{
     Access, AtomicValue, Completion, CompletionData, Endpoint, FetchOp, Iov, MemoryType, RemoteKey,
@@ -9,7 +11,7 @@ use uct_core::{
 
 use super::iface::{MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
 use super::vm::{transfer, Dir};
-use super::{check_record, CmaRkey, RecordImage};
+use super::{records, CmaRkey};
 use crate::host;
 
 pub(crate) struct CmaEp {
@@ -21,7 +23,7 @@ impl CmaEp {
         CmaEp { pid }
     }
 
-    /// Reads and checks the owner's record for an access.
+    /// Checks the owner's record for an access, in its mapped table.
     fn check(&self, rkey: &RemoteKey, addr: u64, len: usize, needed: Access) -> Result<()> {
         let key = rkey.downcast::<CmaRkey>("cma")?;
         if key.pid != self.pid {
@@ -30,22 +32,25 @@ impl CmaEp {
                 found: format!("an rkey of process {}", key.pid),
             });
         }
-        let mut img = RecordImage::default();
-        let p = &mut img as *mut RecordImage as *mut u8;
-        transfer(
-            self.pid,
-            &[(p, std::mem::size_of::<RecordImage>())],
-            key.record,
-            Dir::Read,
+        let map = match key.mapping.get() {
+            Some(m) => m,
+            None => {
+                let m = Arc::new(records::open_table(&key.table, key.soft.region_id)?);
+                let _ = key.mapping.set(m);
+                key.mapping.get().ok_or(UctError::NoSuchRegion {
+                    region_id: key.soft.region_id,
+                })?
+            }
+        };
+        records::check(
+            map,
+            key.index,
+            key.soft.region_id,
+            key.soft.secret,
+            addr,
+            len as u64,
+            needed,
         )
-        .map_err(|e| match e {
-            // An unreadable record is no registration at all.
-            UctError::EndpointFailed(m) if m.contains("not mapped") => UctError::NoSuchRegion {
-                region_id: key.soft.region_id,
-            },
-            other => other,
-        })?;
-        check_record(&img, key, addr, len as u64, needed)
     }
 
     fn check_size(what: &str, len: usize, max: usize) -> Result<()> {

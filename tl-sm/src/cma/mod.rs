@@ -8,15 +8,16 @@
 
 mod ep;
 mod iface;
+pub mod records;
 mod vm;
 
-use std::alloc::Layout;
 use std::any::Any;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
+use uct_core::host_alloc::HostAlloc;
+
+use crate::posix::segment::Mapping;
 use uct_core::md::{MdAttrs, MdFlags, RegCost};
 use uct_core::memory::MemBacking;
 use uct_core::region_table::SoftRkey;
@@ -28,77 +29,25 @@ use uct_core::{
 pub use iface::CmaIface;
 
 pub const MD_NAME: &str = "cma";
-const MAGIC: u64 = u64::from_le_bytes(*b"UCTCMAR1");
-const LIVE: u64 = 1;
-const DEAD: u64 = 2;
-
-/// A registration as the owner keeps it, read by peers through
-/// `process_vm_readv`. Records are never freed, only reused, so a peer
-/// reading a stale record reads a record, not freed memory.
-#[repr(C)]
-pub(crate) struct Record {
-    magic: AtomicU64,
-    state: AtomicU64,
-    secret: AtomicU64,
-    base: AtomicU64,
-    len: AtomicU64,
-    access: AtomicU64,
-}
-
-/// The same fields as plain data, as read from a peer.
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-pub(crate) struct RecordImage {
-    pub magic: u64,
-    pub state: u64,
-    pub secret: u64,
-    pub base: u64,
-    pub len: u64,
-    pub access: u64,
-}
-
-static FREE_RECORDS: Mutex<Vec<&'static Record>> = Mutex::new(Vec::new());
-
-fn new_record(secret: u64, base: u64, len: u64, access: Access) -> &'static Record {
-    let reused = FREE_RECORDS.lock().unwrap_or_else(|e| e.into_inner()).pop();
-    let r: &'static Record = reused.unwrap_or_else(|| {
-        Box::leak(Box::new(Record {
-            magic: AtomicU64::new(0),
-            state: AtomicU64::new(DEAD),
-            secret: AtomicU64::new(0),
-            base: AtomicU64::new(0),
-            len: AtomicU64::new(0),
-            access: AtomicU64::new(0),
-        }))
-    });
-    r.secret.store(secret, Ordering::Relaxed);
-    r.base.store(base, Ordering::Relaxed);
-    r.len.store(len, Ordering::Relaxed);
-    r.access.store(access.bits() as u64, Ordering::Relaxed);
-    r.magic.store(MAGIC, Ordering::Relaxed);
-    r.state.store(LIVE, Ordering::Release);
-    r
-}
 
 /// What a cma rkey carries; it begins with a [`SoftRkey`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CmaRkey {
     pub soft: SoftRkey,
     pub pid: u32,
-    /// Address of the owner's registration record.
-    pub record: u64,
+    /// The owner's record table and the record of this region.
+    pub table: String,
+    pub index: u32,
+    /// The table, once an endpoint has mapped it.
+    #[serde(skip)]
+    pub(crate) mapping: OnceLock<Arc<Mapping>>,
 }
 
 struct CmaBacking {
-    record: &'static Record,
+    slot: Option<records::Slot>,
     key: SoftRkey,
-    alloc: Option<(NonNull<u8>, Layout)>,
+    alloc: Option<HostAlloc>,
 }
-
-// SAFETY: the allocation is owned exclusively and freed only in Drop.
-unsafe impl Send for CmaBacking {}
-// SAFETY: as for Send; no interior mutability besides atomics.
-unsafe impl Sync for CmaBacking {}
 
 impl MemBacking for CmaBacking {
     fn as_any(&self) -> &dyn Any {
@@ -108,16 +57,9 @@ impl MemBacking for CmaBacking {
 
 impl Drop for CmaBacking {
     fn drop(&mut self) {
-        // Peers check the record before every access: mark it first.
-        self.record.state.store(DEAD, Ordering::Release);
-        FREE_RECORDS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(self.record);
-        if let Some((p, layout)) = self.alloc.take() {
-            // SAFETY: allocated in CmaMd::alloc with this layout, freed once.
-            unsafe { std::alloc::dealloc(p.as_ptr(), layout) };
-        }
+        // Peers check the record before every access: mark it dead first.
+        drop(self.slot.take());
+        drop(self.alloc.take());
     }
 }
 
@@ -146,25 +88,29 @@ impl CmaMd {
         addr: u64,
         len: usize,
         access: Access,
-        alloc: Option<(NonNull<u8>, Layout)>,
-    ) -> MemHandle {
+        alloc: Option<HostAlloc>,
+    ) -> Result<MemHandle> {
         let secret = crate::host::random_u64();
-        let record = new_record(secret, addr, len as u64, access);
+        let slot = records::publish(secret, addr, len as u64, access)?;
         let key = SoftRkey {
-            region_id: record as *const Record as u64,
+            region_id: crate::host::random_u64() >> 16,
             secret,
             base: addr,
             len: len as u64,
             access,
         };
-        MemRegion::new(
+        Ok(MemRegion::new(
             addr,
             len,
             MemoryType::Host,
             access,
             MD_NAME,
-            Box::new(CmaBacking { record, key, alloc }),
-        )
+            Box::new(CmaBacking {
+                slot: Some(slot),
+                key,
+                alloc,
+            }),
+        ))
     }
 }
 
@@ -202,12 +148,8 @@ impl MemoryDomain for CmaMd {
                 hint: "it handles host memory only; device memory needs an RDMA NIC with DMA-buf support".into(),
             });
         }
-        let layout = Layout::from_size_align(len.max(1), 4096)
-            .map_err(|_| UctError::InvalidParam(format!("cannot allocate {len} bytes")))?;
-        // SAFETY: non-zero size.
-        let p = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
-            .ok_or_else(|| UctError::NoMemory(format!("allocating {len} bytes")))?;
-        Ok(self.handle(p.as_ptr() as u64, len, access, Some((p, layout))))
+        let mem = HostAlloc::new(len)?;
+        self.handle(mem.as_ptr() as u64, len, access, Some(mem))
     }
 
     unsafe fn register(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemHandle> {
@@ -216,7 +158,7 @@ impl MemoryDomain for CmaMd {
                 "cannot register a null address".into(),
             ));
         }
-        Ok(self.handle(addr as u64, len, access, None))
+        self.handle(addr as u64, len, access, None)
     }
 
     fn pack_rkey(&self, mem: &MemHandle) -> Result<RkeyEntry> {
@@ -230,13 +172,19 @@ impl MemoryDomain for CmaMd {
                     mem.md_name()
                 ))
             })?;
+        let slot = b
+            .slot
+            .as_ref()
+            .ok_or_else(|| UctError::InvalidParam("the region is being deregistered".into()))?;
         Ok(RkeyEntry {
             component: self.component.into(),
             md: MD_NAME.into(),
             payload: encode_payload(&CmaRkey {
                 soft: b.key,
                 pid: std::process::id(),
-                record: b.record as *const Record as u64,
+                table: slot.table.clone(),
+                index: slot.index,
+                mapping: OnceLock::new(),
             })?,
         })
     }
@@ -244,39 +192,4 @@ impl MemoryDomain for CmaMd {
     fn as_any(&self) -> &dyn Any {
         self
     }
-}
-
-/// Checks an access against a record read from the owner.
-pub(crate) fn check_record(
-    r: &RecordImage,
-    key: &CmaRkey,
-    addr: u64,
-    len: u64,
-    needed: Access,
-) -> Result<()> {
-    if r.magic != MAGIC || r.state != LIVE {
-        return Err(UctError::NoSuchRegion {
-            region_id: key.soft.region_id,
-        });
-    }
-    if r.secret != key.soft.secret {
-        return Err(UctError::BadSecret);
-    }
-    if !(addr >= r.base
-        && addr
-            .checked_add(len)
-            .is_some_and(|e| e <= r.base.saturating_add(r.len)))
-    {
-        return Err(UctError::OutOfRange {
-            addr,
-            len,
-            base: r.base,
-            region_len: r.len,
-        });
-    }
-    let granted = Access::from_bits_truncate(r.access as u8);
-    if !granted.contains(needed) {
-        return Err(UctError::AccessDenied { needed, granted });
-    }
-    Ok(())
 }

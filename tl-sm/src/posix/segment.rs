@@ -5,6 +5,7 @@
 //! access outside the range or without the right is refused.
 
 use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -123,15 +124,102 @@ impl Mapping {
                 return Err(e);
             }
         };
-        let h = m.header();
+        m.init_header(secret, len, access);
+        Ok(m)
+    }
+
+    fn init_header(&self, secret: u64, len: usize, access: Access) {
+        let h = self.header();
         h.secret.store(secret, Ordering::Relaxed);
-        h.base.store(m.data_ptr() as u64, Ordering::Relaxed);
+        h.base.store(self.data_ptr() as u64, Ordering::Relaxed);
         h.len.store(len as u64, Ordering::Relaxed);
         h.access.store(access.bits() as u64, Ordering::Relaxed);
         h.owner_pid
             .store(std::process::id() as u64, Ordering::Relaxed);
         h.state.store(LIVE, Ordering::Relaxed);
         h.magic.store(MAGIC, Ordering::Release);
+    }
+
+    /// An anonymous segment (memfd): peers open it as
+    /// `/proc/<pid>/fd/<fd>` (which needs the same permission as cma), and
+    /// it disappears with its last user, even if the owner is killed.
+    pub fn create_anonymous(
+        label: &str,
+        len: usize,
+    ) -> Result<(Mapping, OwnedFd, String), UctError> {
+        let size = HEADER_SPACE
+            .checked_add(len.max(1))
+            .ok_or_else(|| UctError::InvalidParam(format!("cannot allocate {len} bytes")))?;
+        let clabel =
+            CString::new(label).map_err(|_| UctError::InvalidParam("memfd label".into()))?;
+        // SAFETY: a valid nul-terminated label.
+        let raw = unsafe { libc::memfd_create(clabel.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(os_err("memfd_create"));
+        }
+        // SAFETY: raw is a new fd owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: fd is open.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } != 0 {
+            return Err(UctError::NoMemory(format!(
+                "sizing a {size}-byte memfd failed: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let m = Mapping::map(fd.as_raw_fd(), size, "map a memfd")?;
+        m.init_header(0, len, Access::empty());
+        let path = format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd());
+        Ok((m, fd, path))
+    }
+
+    /// Maps a peer's anonymous segment through its `/proc/<pid>/fd/<fd>`
+    /// path; nothing else is opened, whatever the peer sent.
+    pub fn open_path(path: &str, region_id: u64) -> Result<Mapping, UctError> {
+        let ok = path
+            .strip_prefix("/proc/")
+            .and_then(|r| r.split_once("/fd/"))
+            .is_some_and(|(pid, fd)| {
+                !pid.is_empty()
+                    && !fd.is_empty()
+                    && pid.bytes().all(|b| b.is_ascii_digit())
+                    && fd.bytes().all(|b| b.is_ascii_digit())
+            });
+        if !ok {
+            return Err(UctError::BadRkey(format!(
+                "'{path}' is not a /proc/<pid>/fd/<fd> path"
+            )));
+        }
+        let cpath =
+            CString::new(path).map_err(|_| UctError::BadRkey("path contains a nul byte".into()))?;
+        // SAFETY: a valid nul-terminated path.
+        let raw = unsafe { libc::open(cpath.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if raw < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ENOENT) => UctError::NoSuchRegion { region_id },
+                Some(libc::EACCES) | Some(libc::EPERM) => UctError::EndpointFailed(format!(
+                    "not permitted to open {path} (ptrace rules: different user, or /proc/sys/kernel/yama/ptrace_scope > 0)"
+                )),
+                _ => UctError::io(format!("open {path}"), e),
+            });
+        }
+        // SAFETY: raw is a new fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: fd is open; fstat fills the struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(os_err("stat a peer's segment"));
+        }
+        let size = st.st_size as usize;
+        if size < HEADER_SPACE {
+            return Err(UctError::BadRkey(format!(
+                "{path} is too small to be a uct segment"
+            )));
+        }
+        let m = Mapping::map(fd.as_raw_fd(), size, "map a peer's segment")?;
+        if m.header().magic.load(Ordering::Acquire) != MAGIC {
+            return Err(UctError::BadRkey(format!("{path} is not a uct segment")));
+        }
         Ok(m)
     }
 
