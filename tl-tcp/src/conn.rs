@@ -3,7 +3,7 @@
 //! and a receive buffer cut into frames.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -218,7 +218,8 @@ impl Conn {
         Ok(total)
     }
 
-    /// Reads what has arrived. An orderly close or a reset is an error.
+    /// Reads what has arrived into the receive buffer, without zeroing it
+    /// first. An orderly close or a reset is an error.
     pub fn read_in(&mut self) -> Result<usize, UctError> {
         let mut total = 0;
         loop {
@@ -226,26 +227,43 @@ impl Conn {
                 self.rbuf.clear();
                 self.rpos = 0;
             }
+            if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+                if self.rpos > 0 {
+                    self.rbuf.drain(..self.rpos);
+                    self.rpos = 0;
+                }
+                self.rbuf.reserve(READ_CHUNK);
+            }
+            let spare = self.rbuf.capacity() - self.rbuf.len();
             let at = self.rbuf.len();
-            self.rbuf.resize(at + READ_CHUNK, 0);
-            let r = self.stream.read(&mut self.rbuf[at..]);
-            match r {
-                Ok(0) => {
-                    self.rbuf.truncate(at);
+            // SAFETY: `spare` bytes past the length are allocated; recv
+            // writes at most that many and we extend the length only by what
+            // it wrote.
+            let n = unsafe {
+                libc::recv(
+                    self.stream.as_raw_fd(),
+                    self.rbuf.as_mut_ptr().add(at) as *mut libc::c_void,
+                    spare,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            match n {
+                0 => {
                     return Err(UctError::EndpointFailed(format!(
                         "tcp peer {} closed the connection",
                         self.peer()
-                    )));
+                    )))
                 }
-                Ok(n) => {
-                    self.rbuf.truncate(at + n);
-                    total += n;
-                    if n < READ_CHUNK {
+                n if n > 0 => {
+                    // SAFETY: recv initialised n bytes past `at`.
+                    unsafe { self.rbuf.set_len(at + n as usize) };
+                    total += n as usize;
+                    if (n as usize) < spare {
                         return Ok(total);
                     }
                 }
-                Err(e) => {
-                    self.rbuf.truncate(at);
+                _ => {
+                    let e = std::io::Error::last_os_error();
                     match e.kind() {
                         ErrorKind::WouldBlock => return Ok(total),
                         ErrorKind::Interrupted => {}
@@ -256,27 +274,52 @@ impl Conn {
         }
     }
 
-    /// The next whole frame received, with its data.
-    pub fn next_frame(&mut self) -> Result<Option<(Header, Vec<u8>)>, String> {
-        match wire::parse(&self.rbuf[self.rpos..], self.max_data)? {
-            Parsed::Incomplete => {
-                if self.rpos > 0 && self.rpos * 2 > self.rbuf.len() {
-                    self.rbuf.drain(..self.rpos);
-                    self.rpos = 0;
-                }
-                Ok(None)
+    /// Looks at the next frame in the receive buffer.
+    pub fn peek(&self) -> Result<Parsed, String> {
+        wire::parse(&self.rbuf[self.rpos..], self.max_data)
+    }
+
+    /// Received bytes at `at` (relative to the next frame).
+    pub fn data(&self, at: usize, len: usize) -> &[u8] {
+        &self.rbuf[self.rpos + at..self.rpos + at + len]
+    }
+
+    /// Drops `n` bytes of the next frame from the receive buffer.
+    pub fn consume(&mut self, n: usize) {
+        self.rpos = (self.rpos + n).min(self.rbuf.len());
+        if self.rpos == self.rbuf.len() {
+            self.rbuf.clear();
+            self.rpos = 0;
+        }
+    }
+
+    /// Reads at most `len` bytes straight into `dst` (a large put's target).
+    /// Ok(0) means nothing is there now.
+    pub fn recv_into(&mut self, dst: *mut u8, len: usize) -> Result<usize, UctError> {
+        loop {
+            // SAFETY: the caller passes `len` writable bytes at `dst`.
+            let n = unsafe {
+                libc::recv(
+                    self.stream.as_raw_fd(),
+                    dst as *mut libc::c_void,
+                    len,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 {
+                return Ok(n as usize);
             }
-            Parsed::Frame {
-                header,
-                data_at,
-                data_len,
-                total,
-            } => {
-                wire::check_data_len(&header, data_len)?;
-                let start = self.rpos + data_at;
-                let data = self.rbuf[start..start + data_len].to_vec();
-                self.rpos += total;
-                Ok(Some((header, data)))
+            if n == 0 && len > 0 {
+                return Err(UctError::EndpointFailed(format!(
+                    "tcp peer {} closed the connection",
+                    self.peer()
+                )));
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                ErrorKind::WouldBlock => return Ok(0),
+                ErrorKind::Interrupted => {}
+                _ => return Err(peer_error("receive", &self.peer(), e)),
             }
         }
     }

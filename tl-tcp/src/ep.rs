@@ -16,7 +16,7 @@ use uct_core::{
 use crate::conn::{Conn, Payload};
 use crate::iface::Connector;
 use crate::iface::{MAX_AM_HEADER, MAX_AM_ZCOPY, MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
-use crate::wire::{Header, WireAtomic, WireKey};
+use crate::wire::{Header, Parsed, WireAtomic, WireKey};
 
 enum Kind {
     GetBytes(Completion),
@@ -108,9 +108,17 @@ impl EpState {
             let mut n = 0;
             self.conn.write_out()?;
             self.conn.read_in()?;
-            while let Some((h, data)) = self.conn.next_frame().map_err(UctError::Protocol)? {
+            while let Parsed::Frame {
+                header,
+                data_at,
+                data_len,
+                total,
+            } = self.conn.peek().map_err(UctError::Protocol)?
+            {
                 n += 1;
-                self.on_reply(h, data)?;
+                let data = self.conn.data(data_at, data_len).to_vec();
+                self.conn.consume(total);
+                self.on_reply(header, data)?;
             }
             self.check_timeout()?;
             Ok(n)

@@ -16,7 +16,7 @@ use uct_core::{
 use crate::conn::{Conn, Payload};
 use crate::devices::NetDevice;
 use crate::ep::{EpState, TcpEp};
-use crate::wire::{Header, WireAtomic, WireError, WireKey};
+use crate::wire::{Header, Parsed, WireAtomic, WireError, WireKey};
 
 pub(crate) const MAX_SHORT: usize = 8 * 1024;
 pub(crate) const MAX_BCOPY: usize = 64 * 1024;
@@ -115,7 +115,7 @@ pub struct TcpIface {
     attrs: IfaceAttrs,
     handlers: Vec<Option<AmHandler>>,
     /// Connections from peer endpoints: requests come in here.
-    accepted: Vec<Conn>,
+    accepted: Vec<Peer>,
     /// This iface's own endpoints, progressed here. Shared with endpoints
     /// not yet connected, which add themselves when they connect.
     eps: EpList,
@@ -172,7 +172,10 @@ impl TcpIface {
                 Ok((s, peer)) => match Conn::new(s, MAX_FRAME_DATA, self.peer_timeout) {
                     Ok(c) => {
                         log::debug!("tcp {}: accepted {peer}", self.dev.name);
-                        self.accepted.push(c);
+                        self.accepted.push(Peer {
+                            conn: c,
+                            direct: None,
+                        });
                         n += 1;
                     }
                     Err(e) => log::warn!("tcp {}: dropping {peer}: {e}", self.dev.name),
@@ -194,26 +197,170 @@ impl TcpIface {
         let table = &self.table;
         let handlers = &mut self.handlers;
         let dev = &self.dev.name;
-        self.accepted.retain_mut(|conn| {
-            let keep = (|| -> std::result::Result<(), String> {
-                conn.read_in().map_err(|e| e.to_string())?;
-                while let Some((h, data)) = conn.next_frame()? {
-                    events += 1;
-                    execute(table, handlers, conn, h, data).map_err(|e| e.to_string())?;
-                }
-                conn.write_out().map_err(|e| e.to_string())?;
-                Ok(())
-            })();
-            match keep {
+        self.accepted.retain_mut(
+            |peer| match serve_peer(table, handlers, peer, &mut events) {
                 Ok(()) => true,
                 Err(e) => {
-                    log::warn!("tcp {dev}: closing connection from {}: {e}", conn.peer());
+                    log::warn!(
+                        "tcp {dev}: closing connection from {}: {e}",
+                        peer.conn.peer()
+                    );
                     false
                 }
-            }
-        });
+            },
+        );
         events
     }
+}
+
+/// A connection from a peer endpoint, and the large put whose data is
+/// being read straight into its target, if any.
+struct Peer {
+    conn: Conn,
+    direct: Option<Direct>,
+}
+
+/// Puts of at least this much data are read straight into their target.
+const DIRECT_MIN: usize = 16 * 1024;
+
+/// The rest of a large put, read from the socket into the target region.
+struct Direct {
+    req: u64,
+    key: WireKey,
+    addr: u64,
+    remaining: usize,
+    /// Set when the access was refused: the data is read and dropped, and
+    /// the refusal is reported when it ends.
+    error: Option<UctError>,
+}
+
+fn serve_peer(
+    table: &RegionTable,
+    handlers: &mut [Option<AmHandler>],
+    peer: &mut Peer,
+    events: &mut usize,
+) -> std::result::Result<(), String> {
+    let err = |e: UctError| e.to_string();
+    loop {
+        if let Some(d) = peer.direct.as_mut() {
+            match direct_step(table, &mut peer.conn, d).map_err(err)? {
+                None => break,
+                Some(refused) => {
+                    *events += 1;
+                    let req = d.req;
+                    peer.direct = None;
+                    if let Some(error) = refused {
+                        peer.conn
+                            .send(
+                                &Header::Nack {
+                                    req,
+                                    error: WireError::from(&error),
+                                },
+                                Payload::None,
+                                None,
+                            )
+                            .map_err(err)?;
+                    }
+                }
+            }
+        }
+        peer.conn.read_in().map_err(err)?;
+        let mut replies = Vec::new();
+        loop {
+            match peer.conn.peek()? {
+                Parsed::Frame {
+                    header,
+                    data_at,
+                    data_len,
+                    total,
+                } => {
+                    *events += 1;
+                    if let Some(r) =
+                        execute(table, handlers, header, peer.conn.data(data_at, data_len))
+                            .map_err(err)?
+                    {
+                        replies.push(r);
+                    }
+                    peer.conn.consume(total);
+                }
+                Parsed::HeaderOnly {
+                    header: Header::Put { req, key: k, addr },
+                    data_at,
+                    data_len,
+                    have,
+                } if data_len >= DIRECT_MIN => {
+                    // What is here goes in now; the rest straight from the
+                    // socket. The whole range is checked first, so a refusal
+                    // names the put, not a piece of it.
+                    let first = peer.conn.data(data_at, have);
+                    let r =
+                        table.access(&key(k), addr, data_len as u64, Access::REMOTE_WRITE, |p| {
+                            // SAFETY: the table checked [p, p+data_len) and
+                            // have <= data_len.
+                            unsafe { std::ptr::copy_nonoverlapping(first.as_ptr(), p, have) }
+                        });
+                    peer.conn.consume(data_at + have);
+                    peer.direct = Some(Direct {
+                        req,
+                        key: k,
+                        addr: addr + have as u64,
+                        remaining: data_len - have,
+                        error: r.err(),
+                    });
+                    break;
+                }
+                _ => break,
+            }
+        }
+        for (h, p) in replies {
+            peer.conn.send(&h, p, None).map_err(err)?;
+        }
+        if peer.direct.is_none() {
+            break;
+        }
+    }
+    peer.conn.write_out().map_err(err)?;
+    Ok(())
+}
+
+/// Reads the rest of a large put into its target. None: the socket has
+/// nothing more now; Some(refusal): the put is complete.
+fn direct_step(
+    table: &RegionTable,
+    conn: &mut Conn,
+    d: &mut Direct,
+) -> Result<Option<Option<UctError>>> {
+    let mut scratch = Vec::new();
+    while d.remaining > 0 {
+        let n = if d.error.is_none() {
+            // The region cannot be deregistered while the bytes land: the
+            // table's read lock is held around the receive.
+            let want = d.remaining;
+            match table.access(
+                &key(d.key),
+                d.addr,
+                want as u64,
+                Access::REMOTE_WRITE,
+                |p| conn.recv_into(p, want),
+            ) {
+                Ok(r) => r?,
+                Err(e) => {
+                    d.error = Some(e);
+                    continue;
+                }
+            }
+        } else {
+            scratch.resize(d.remaining.min(64 * 1024), 0);
+            let len = scratch.len();
+            conn.recv_into(scratch.as_mut_ptr(), len)?
+        };
+        if n == 0 {
+            return Ok(None);
+        }
+        d.addr += n as u64;
+        d.remaining -= n;
+    }
+    Ok(Some(d.error.take()))
 }
 
 fn key(k: WireKey) -> SoftRkey {
@@ -276,22 +423,33 @@ fn atomic(
     })
 }
 
-/// Executes one request from a peer; replies go back on `conn`.
+/// Executes one request from a peer and returns its reply, if it has one.
 fn execute(
     table: &RegionTable,
     handlers: &mut [Option<AmHandler>],
-    conn: &mut Conn,
     h: Header,
-    data: Vec<u8>,
-) -> Result<()> {
-    match h {
-        Header::Am { id } => match handlers.get_mut(id as usize).and_then(Option::as_mut) {
-            Some(handler) => handler(AmMessage { id, data: &data }),
-            None => log::warn!(
-                "tcp: dropped active message {id} ({} bytes): no handler set",
-                data.len()
-            ),
-        },
+    data: &[u8],
+) -> Result<Option<(Header, Payload)>> {
+    let nack = |req, e: UctError| {
+        Some((
+            Header::Nack {
+                req,
+                error: WireError::from(&e),
+            },
+            Payload::None,
+        ))
+    };
+    Ok(match h {
+        Header::Am { id } => {
+            match handlers.get_mut(id as usize).and_then(Option::as_mut) {
+                Some(handler) => handler(AmMessage { id, data }),
+                None => log::warn!(
+                    "tcp: dropped active message {id} ({} bytes): no handler set",
+                    data.len()
+                ),
+            }
+            None
+        }
         Header::Put { req, key: k, addr } => {
             let r = table.access(
                 &key(k),
@@ -304,16 +462,7 @@ fn execute(
                     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
                 },
             );
-            if let Err(e) = r {
-                conn.send(
-                    &Header::Nack {
-                        req,
-                        error: WireError::from(&e),
-                    },
-                    Payload::None,
-                    None,
-                )?;
-            }
+            r.err().and_then(|e| nack(req, e))
         }
         Header::Get {
             req,
@@ -324,36 +473,29 @@ fn execute(
             if len as usize > MAX_FRAME_DATA {
                 let error =
                     WireError::Other(format!("get of {len} bytes exceeds {MAX_FRAME_DATA}"));
-                conn.send(
-                    &Header::GetReply {
+                return Ok(Some((
+                    Header::GetReply {
                         req,
                         error: Some(error),
                     },
                     Payload::None,
-                    None,
-                )?;
-                return Ok(());
+                )));
             }
             // Allocate only once the access is known to be good.
             let r = table.access(&key(k), addr, len, Access::REMOTE_READ, |p| {
                 // SAFETY: as for put, with remote read granted.
                 unsafe { std::slice::from_raw_parts(p as *const u8, len as usize) }.to_vec()
             });
-            match r {
-                Ok(buf) => conn.send(
-                    &Header::GetReply { req, error: None },
-                    Payload::Bytes(buf),
-                    None,
-                )?,
-                Err(e) => conn.send(
-                    &Header::GetReply {
+            Some(match r {
+                Ok(buf) => (Header::GetReply { req, error: None }, Payload::Bytes(buf)),
+                Err(e) => (
+                    Header::GetReply {
                         req,
                         error: Some(WireError::from(&e)),
                     },
                     Payload::None,
-                    None,
-                )?,
-            };
+                ),
+            })
         }
         Header::Atomic {
             req,
@@ -362,39 +504,33 @@ fn execute(
             width,
             op,
             value,
-        } => {
-            let r = atomic(table, k, addr, width, op, value);
-            let reply = match (op, r) {
-                (WireAtomic::Add, Ok(_)) => None,
-                (WireAtomic::Add, Err(e)) => Some(Header::Nack {
-                    req,
-                    error: WireError::from(&e),
-                }),
-                (_, Ok(old)) => Some(Header::AtomicReply {
+        } => match (op, atomic(table, k, addr, width, op, value)) {
+            (WireAtomic::Add, Ok(_)) => None,
+            (WireAtomic::Add, Err(e)) => nack(req, e),
+            (_, Ok(old)) => Some((
+                Header::AtomicReply {
                     req,
                     old,
                     error: None,
-                }),
-                (_, Err(e)) => Some(Header::AtomicReply {
+                },
+                Payload::None,
+            )),
+            (_, Err(e)) => Some((
+                Header::AtomicReply {
                     req,
                     old: 0,
                     error: Some(WireError::from(&e)),
-                }),
-            };
-            if let Some(reply) = reply {
-                conn.send(&reply, Payload::None, None)?;
-            }
-        }
-        Header::Flush { req } => {
-            conn.send(&Header::FlushReply { req }, Payload::None, None)?;
-        }
+                },
+                Payload::None,
+            )),
+        },
+        Header::Flush { req } => Some((Header::FlushReply { req }, Payload::None)),
         other => {
             return Err(UctError::Protocol(format!(
                 "a reply ({other:?}) sent as a request"
             )));
         }
-    }
-    Ok(())
+    })
 }
 
 impl Iface for TcpIface {

@@ -189,6 +189,14 @@ pub enum Parsed {
         data_len: usize,
         total: usize,
     },
+    /// The header is complete, `have` bytes of its data are here: a large
+    /// put can go on straight into its target.
+    HeaderOnly {
+        header: Header,
+        data_at: usize,
+        data_len: usize,
+        have: usize,
+    },
 }
 
 /// Parses the frame at the start of `buf`. `max_data` bounds the data a
@@ -215,9 +223,15 @@ pub fn parse(buf: &[u8], max_data: usize) -> Result<Parsed, String> {
     if !rest.is_empty() {
         return Err("frame header has trailing bytes".into());
     }
+    check_data_len(&header, dl)?;
     let total = PREFIX + hl + dl;
     if buf.len() < total {
-        return Ok(Parsed::Incomplete);
+        return Ok(Parsed::HeaderOnly {
+            header,
+            data_at: PREFIX + hl,
+            data_len: dl,
+            have: buf.len() - PREFIX - hl,
+        });
     }
     Ok(Parsed::Frame {
         header,
@@ -272,10 +286,11 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(
+        assert!(matches!(
             parse(&f[..f.len() - 1], 1 << 20).unwrap(),
-            Parsed::Incomplete
-        );
+            Parsed::HeaderOnly { have: 2, data_len: 3, .. }
+        ));
+        assert_eq!(parse(&f[..5], 1 << 20).unwrap(), Parsed::Incomplete);
     }
 
     #[test]
