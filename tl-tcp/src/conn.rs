@@ -112,6 +112,16 @@ impl Conn {
         })
     }
 
+    /// The socket, for readiness polling.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    /// Whether frames wait to be written.
+    pub fn wants_write(&self) -> bool {
+        !self.sendq.is_empty()
+    }
+
     pub fn peer(&self) -> String {
         self.peer.clone()
     }

@@ -99,7 +99,34 @@ impl EpState {
         self.failed.get_or_insert(err);
     }
 
-    /// Sends queued frames and handles replies; called by the iface.
+    /// The socket and the readiness to wait for, while the endpoint works.
+    pub(crate) fn poll_fd(&self) -> Option<libc::pollfd> {
+        if self.failed.is_some() {
+            return None;
+        }
+        let out = if self.conn.wants_write() {
+            libc::POLLOUT
+        } else {
+            0
+        };
+        Some(libc::pollfd {
+            fd: self.conn.fd(),
+            events: libc::POLLIN | out,
+            revents: 0,
+        })
+    }
+
+    /// With nothing to read or write: only the peer timeout.
+    pub(crate) fn idle(&mut self) {
+        if self.failed.is_none() {
+            if let Err(e) = self.check_timeout() {
+                self.fail(e);
+            }
+        }
+    }
+
+    /// Sends queued frames and handles replies; called by the iface when
+    /// the socket is ready.
     pub(crate) fn progress(&mut self) -> usize {
         if self.failed.is_some() {
             return 0;

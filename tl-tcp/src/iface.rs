@@ -3,6 +3,7 @@
 
 use std::io::ErrorKind;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -120,6 +121,9 @@ pub struct TcpIface {
     /// not yet connected, which add themselves when they connect.
     eps: EpList,
     peer_timeout: Duration,
+    /// Reused by progress: the poll set and the live endpoints.
+    pfds: Vec<libc::pollfd>,
+    ep_scratch: Vec<Arc<Mutex<EpState>>>,
 }
 
 fn ip_bytes(ip: IpAddr) -> [u8; 16] {
@@ -162,6 +166,8 @@ impl TcpIface {
             accepted: Vec::new(),
             eps: EpList::default(),
             peer_timeout,
+            pfds: Vec::new(),
+            ep_scratch: Vec::new(),
         })
     }
 
@@ -192,13 +198,19 @@ impl TcpIface {
 
     /// Reads and executes requests on accepted connections; a connection
     /// that sends nonsense or fails is closed, the others go on.
-    fn serve(&mut self) -> usize {
+    fn serve(&mut self, ready: &[bool]) -> usize {
         let mut events = 0;
         let table = &self.table;
         let handlers = &mut self.handlers;
         let dev = &self.dev.name;
-        self.accepted.retain_mut(
-            |peer| match serve_peer(table, handlers, peer, &mut events) {
+        let mut i = 0;
+        self.accepted.retain_mut(|peer| {
+            let go = ready.get(i).copied().unwrap_or(true);
+            i += 1;
+            if !go {
+                return true;
+            }
+            match serve_peer(table, handlers, peer, &mut events) {
                 Ok(()) => true,
                 Err(e) => {
                     log::warn!(
@@ -207,8 +219,8 @@ impl TcpIface {
                     );
                     false
                 }
-            },
-        );
+            }
+        });
         events
     }
 }
@@ -594,21 +606,82 @@ impl Iface for TcpIface {
     }
 
     fn progress(&mut self) -> usize {
-        let mut n = self.accept_new();
-        n += self.serve();
-        // Take the list out so endpoints connecting meanwhile do not wait.
-        let mut eps = std::mem::take(&mut *self.eps.lock().unwrap_or_else(|p| p.into_inner()));
-        eps.retain(|w| match w.upgrade() {
-            Some(s) => {
-                n += s.lock().unwrap_or_else(|p| p.into_inner()).progress();
-                true
-            }
-            None => false,
-        });
+        // One poll() over the listener, the accepted connections and this
+        // iface's endpoints; only ready sockets are read or written.
+        let mut eps = std::mem::take(&mut self.ep_scratch);
+        eps.clear();
         self.eps
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .extend(eps);
+            .retain(|w| match w.upgrade() {
+                Some(s) => {
+                    eps.push(s);
+                    true
+                }
+                None => false,
+            });
+        let pfds = &mut self.pfds;
+        pfds.clear();
+        pfds.push(libc::pollfd {
+            fd: self.listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        for p in &self.accepted {
+            let out = if p.conn.wants_write() {
+                libc::POLLOUT
+            } else {
+                0
+            };
+            pfds.push(libc::pollfd {
+                fd: p.conn.fd(),
+                events: libc::POLLIN | out,
+                revents: 0,
+            });
+        }
+        let ep_fds: Vec<Option<libc::pollfd>> = eps
+            .iter()
+            .map(|e| e.lock().unwrap_or_else(|p| p.into_inner()).poll_fd())
+            .collect();
+        pfds.extend(ep_fds.iter().flatten().copied());
+        // SAFETY: pfds is a valid array of pollfd of that length.
+        let ready = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 0) };
+        let mut n = 0;
+        if ready > 0 {
+            let polled = self.accepted.len();
+            if pfds[0].revents != 0 {
+                n += self.accept_new();
+            }
+            // Serve ready peers, those reading a large put, and new ones.
+            let ready_peers: Vec<bool> = (0..self.accepted.len())
+                .map(|i| {
+                    i >= polled
+                        || self.pfds[1 + i].revents != 0
+                        || self.accepted[i].direct.is_some()
+                })
+                .collect();
+            n += self.serve(&ready_peers);
+            let mut at = 1 + polled;
+            for (e, fd) in eps.iter().zip(&ep_fds) {
+                let mut st = e.lock().unwrap_or_else(|p| p.into_inner());
+                match fd {
+                    Some(_) if self.pfds.get(at).is_some_and(|p| p.revents != 0) => {
+                        n += st.progress()
+                    }
+                    Some(_) => st.idle(),
+                    None => {}
+                }
+                if fd.is_some() {
+                    at += 1;
+                }
+            }
+        } else {
+            for e in &eps {
+                e.lock().unwrap_or_else(|p| p.into_inner()).idle();
+            }
+        }
+        eps.clear();
+        self.ep_scratch = eps;
         n
     }
 }

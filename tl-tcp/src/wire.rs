@@ -288,7 +288,11 @@ mod tests {
         }
         assert!(matches!(
             parse(&f[..f.len() - 1], 1 << 20).unwrap(),
-            Parsed::HeaderOnly { have: 2, data_len: 3, .. }
+            Parsed::HeaderOnly {
+                have: 2,
+                data_len: 3,
+                ..
+            }
         ));
         assert_eq!(parse(&f[..5], 1 << 20).unwrap(), Parsed::Incomplete);
     }
