@@ -165,6 +165,86 @@ impl Conn {
         Ok(false)
     }
 
+    /// Sends a frame whose data the caller lends only for this call: with
+    /// nothing queued it goes out with one sendmsg and no copy; whatever the
+    /// socket does not take is copied into the queue.
+    pub fn send_borrowed(&mut self, header: &Header, parts: &[&[u8]]) -> Result<(), UctError> {
+        let data_len: usize = parts.iter().map(|p| p.len()).sum();
+        if !self.sendq.is_empty() || parts.len() > 7 {
+            let mut data = Vec::with_capacity(data_len);
+            for p in parts {
+                data.extend_from_slice(p);
+            }
+            self.send(header, Payload::Bytes(data), None)?;
+            return Ok(());
+        }
+        let mut head = [0u8; 256];
+        let hl = wire::encode_into(header, data_len, &mut head)?;
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 8];
+        iov[0] = libc::iovec {
+            iov_base: head.as_mut_ptr() as *mut libc::c_void,
+            iov_len: hl,
+        };
+        for (i, p) in parts.iter().enumerate() {
+            iov[i + 1] = libc::iovec {
+                iov_base: p.as_ptr() as *mut libc::c_void,
+                iov_len: p.len(),
+            };
+        }
+        let total = hl + data_len;
+        // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = (parts.len() + 1) as _;
+        let sent = loop {
+            // SAFETY: the iovecs point at `head` and the caller's slices,
+            // alive for this call; MSG_NOSIGNAL avoids SIGPIPE.
+            let n = unsafe {
+                libc::sendmsg(
+                    self.stream.as_raw_fd(),
+                    &msg,
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
+            if n >= 0 {
+                break n as usize;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                ErrorKind::WouldBlock => break 0,
+                ErrorKind::Interrupted => continue,
+                _ => return Err(peer_error("send", &self.peer(), e)),
+            }
+        };
+        if sent == total {
+            return Ok(());
+        }
+        // Queue the rest, copied.
+        let mut rest = Vec::with_capacity(total - sent);
+        let mut skip = sent;
+        for piece in std::iter::once(&head[..hl]).chain(parts.iter().copied()) {
+            if skip >= piece.len() {
+                skip -= piece.len();
+                continue;
+            }
+            rest.extend_from_slice(&piece[skip..]);
+            skip = 0;
+        }
+        self.queued += rest.len();
+        let len = rest.len();
+        self.sendq.push_back(Outgoing {
+            head: rest,
+            payload: Payload::None,
+            written: 0,
+            total: len,
+            comp: None,
+        });
+        Ok(())
+    }
+
     /// Writes queued frames until the socket would block.
     pub fn write_out(&mut self) -> Result<usize, UctError> {
         let mut total = 0usize;

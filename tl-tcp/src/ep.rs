@@ -346,7 +346,7 @@ impl TcpEp {
     }
 
     /// Sends a frame whose data is copied; Done, or NoResource when full.
-    fn send_copied(&mut self, h: Header, data: Vec<u8>) -> Result<Status> {
+    fn send_copied(&mut self, h: Header, parts: &[&[u8]]) -> Result<Status> {
         let mut s = self.live()?;
         if s.conn.is_full() {
             s.conn.write_out()?;
@@ -354,7 +354,7 @@ impl TcpEp {
                 return Ok(Status::NoResource);
             }
         }
-        match s.conn.send(&h, Payload::Bytes(data), None) {
+        match s.conn.send_borrowed(&h, parts) {
             Ok(_) => Ok(Status::Done),
             Err(e) => {
                 s.fail(e.clone());
@@ -438,7 +438,7 @@ impl Endpoint for TcpEp {
                 key,
                 addr: remote_addr,
             },
-            data.to_vec(),
+            &[data],
         )
     }
 
@@ -452,7 +452,7 @@ impl Endpoint for TcpEp {
                 key,
                 addr: remote_addr,
             },
-            data.to_vec(),
+            &[data],
         )
     }
 
@@ -534,15 +534,12 @@ impl Endpoint for TcpEp {
 
     fn am_short(&mut self, id: u8, header: u64, payload: &[u8]) -> Result<Status> {
         Self::check_size("am_short", payload.len() + 8, MAX_SHORT)?;
-        let mut data = Vec::with_capacity(8 + payload.len());
-        data.extend_from_slice(&header.to_le_bytes());
-        data.extend_from_slice(payload);
-        self.send_copied(Header::Am { id }, data)
+        self.send_copied(Header::Am { id }, &[&header.to_le_bytes(), payload])
     }
 
     fn am_bcopy(&mut self, id: u8, data: &[u8]) -> Result<Status> {
         Self::check_size("am_bcopy", data.len(), MAX_BCOPY)?;
-        self.send_copied(Header::Am { id }, data.to_vec())
+        self.send_copied(Header::Am { id }, &[data])
     }
 
     fn am_zcopy(
@@ -573,7 +570,7 @@ impl Endpoint for TcpEp {
             op: WireAtomic::Add,
             value: value.as_u64(),
         };
-        self.send_copied(h, Vec::new())
+        self.send_copied(h, &[])
     }
 
     fn atomic_fetch(

@@ -176,6 +176,21 @@ pub fn encode(header: &Header, data_len: usize) -> Result<Vec<u8>, UctError> {
     Ok(out)
 }
 
+/// Encodes a frame's prefix and header into `buf` without allocating;
+/// returns the length used.
+pub fn encode_into(header: &Header, data_len: usize, buf: &mut [u8]) -> Result<usize, UctError> {
+    let dl = u32::try_from(data_len).map_err(|_| {
+        UctError::InvalidParam(format!("{data_len} bytes do not fit one tcp frame"))
+    })?;
+    let (prefix, rest) = buf.split_at_mut(PREFIX);
+    let hl = postcard::to_slice(header, rest)
+        .map_err(|e| UctError::InvalidParam(format!("cannot encode a tcp frame header: {e}")))?
+        .len();
+    prefix[..4].copy_from_slice(&(hl as u32).to_le_bytes());
+    prefix[4..].copy_from_slice(&dl.to_le_bytes());
+    Ok(PREFIX + hl)
+}
+
 /// Result of looking at received bytes.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Parsed {
