@@ -1,285 +1,37 @@
-//! The tcp endpoint: requests go out on its connection; replies come back
-//! on it and are matched to pending operations by the iface's `progress`.
+//! The tcp endpoint: requests go out on the link to its peer iface; replies
+//! come back on it and are matched to pending operations by the iface's
+//! `progress`.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
 
 use uct_core::memory::iov_total;
 use uct_core::region_table::SoftRkey;
 use uct_core::{
-    AtomicValue, Completion, CompletionData, Endpoint, FetchOp, Iov, MemHandle, MemoryType,
-    RemoteKey, Result, Status, UctError,
+    AtomicValue, Completion, Endpoint, FetchOp, Iov, MemHandle, MemoryType, RemoteKey, Result,
+    Status, UctError,
 };
 
-use crate::conn::{Conn, Payload};
+use crate::conn::Payload;
 use crate::iface::Connector;
 use crate::iface::{MAX_AM_HEADER, MAX_AM_ZCOPY, MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
-use crate::wire::{Header, Parsed, WireAtomic, WireKey};
-
-enum Kind {
-    GetBytes(Completion),
-    GetIov(Vec<(MemHandle, usize, usize)>, Option<Completion>),
-    Atomic(Completion),
-    Flush(Option<Completion>),
-}
-
-/// What the endpoint and its iface share.
-pub(crate) struct EpState {
-    conn: Conn,
-    peer: SocketAddr,
-    pending: HashMap<u64, Pending>,
-    next_req: u64,
-    /// First error a peer reported for a request without a reply of its
-    /// own (put, add); returned by the next flush.
-    nack: Option<UctError>,
-    /// The connection failed: every operation fails with this.
-    failed: Option<UctError>,
-    /// A request unanswered for this long fails the endpoint.
-    timeout: Duration,
-    last_check: Instant,
-}
-
-/// A request waiting for its reply, and when it was sent.
-struct Pending {
-    kind: Kind,
-    since: Instant,
-}
-
-fn finish(p: Kind, r: std::result::Result<(), UctError>) {
-    match p {
-        Kind::GetBytes(c) | Kind::Atomic(c) => c.finish(r),
-        Kind::GetIov(_, c) | Kind::Flush(c) => {
-            if let Some(c) = c {
-                c.finish(r)
-            }
-        }
-    }
-}
-
-impl EpState {
-    pub(crate) fn new(conn: Conn, peer: SocketAddr, timeout: Duration) -> Self {
-        EpState {
-            conn,
-            peer,
-            pending: HashMap::new(),
-            next_req: 1,
-            nack: None,
-            failed: None,
-            timeout,
-            last_check: Instant::now(),
-        }
-    }
-
-    /// Fails the endpoint when a request has waited longer than the peer
-    /// timeout. Checked a few times a second, not on every progress call.
-    fn check_timeout(&mut self) -> Result<()> {
-        if self.pending.is_empty() || self.last_check.elapsed() < Duration::from_millis(100) {
-            return Ok(());
-        }
-        self.last_check = Instant::now();
-        if let Some(oldest) = self.pending.values().map(|p| p.since).min() {
-            if oldest.elapsed() > self.timeout {
-                return Err(UctError::EndpointFailed(format!(
-                    "tcp peer {} left a request unanswered for {:?} (UCT_TCP_PEER_TIMEOUT); it is dead or stuck",
-                    self.peer, self.timeout
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    fn fail(&mut self, err: UctError) {
-        log::debug!("tcp endpoint to {}: {err}", self.peer);
-        for (_, p) in self.pending.drain() {
-            finish(p.kind, Err(err.clone()));
-        }
-        self.conn.fail_queued(&err);
-        self.failed.get_or_insert(err);
-    }
-
-    /// The socket and the readiness to wait for, while the endpoint works.
-    pub(crate) fn poll_fd(&self) -> Option<libc::pollfd> {
-        if self.failed.is_some() {
-            return None;
-        }
-        let out = if self.conn.wants_write() {
-            libc::POLLOUT
-        } else {
-            0
-        };
-        Some(libc::pollfd {
-            fd: self.conn.fd(),
-            events: libc::POLLIN | out,
-            revents: 0,
-        })
-    }
-
-    /// With nothing to read or write: only the peer timeout.
-    pub(crate) fn idle(&mut self) {
-        if self.failed.is_none() {
-            if let Err(e) = self.check_timeout() {
-                self.fail(e);
-            }
-        }
-    }
-
-    /// Sends queued frames and handles replies; called by the iface when
-    /// the socket is ready.
-    pub(crate) fn progress(&mut self) -> usize {
-        if self.failed.is_some() {
-            return 0;
-        }
-        let r = (|| -> Result<usize> {
-            let mut n = 0;
-            self.conn.write_out()?;
-            self.conn.read_in()?;
-            while let Parsed::Frame {
-                header,
-                data_at,
-                data_len,
-                total,
-            } = self.conn.peek().map_err(UctError::Protocol)?
-            {
-                n += 1;
-                let data = self.conn.data(data_at, data_len).to_vec();
-                self.conn.consume(total);
-                self.on_reply(header, data)?;
-            }
-            self.check_timeout()?;
-            Ok(n)
-        })();
-        r.unwrap_or_else(|e| {
-            self.fail(e);
-            1
-        })
-    }
-
-    fn on_reply(&mut self, h: Header, data: Vec<u8>) -> Result<()> {
-        let unknown = |req| UctError::Protocol(format!("reply to unknown request {req}"));
-        match h {
-            Header::GetReply { req, error } => {
-                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.kind {
-                    Kind::GetBytes(c) => match error {
-                        Some(e) => c.finish(Err(e.into())),
-                        None => {
-                            c.set_data(CompletionData::Bytes(data));
-                            c.finish(Ok(()));
-                        }
-                    },
-                    Kind::GetIov(iov, c) => {
-                        let r = match error {
-                            Some(e) => Err(e.into()),
-                            None => scatter(&iov, &data),
-                        };
-                        if let Some(c) = c {
-                            c.finish(r);
-                        }
-                    }
-                    other => {
-                        finish(
-                            other,
-                            Err(UctError::Protocol("get reply to another request".into())),
-                        );
-                        return Err(UctError::Protocol("get reply to another request".into()));
-                    }
-                }
-            }
-            Header::AtomicReply { req, old, error } => {
-                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.kind {
-                    Kind::Atomic(c) => match error {
-                        Some(e) => c.finish(Err(e.into())),
-                        None => {
-                            c.set_data(CompletionData::Value(old));
-                            c.finish(Ok(()));
-                        }
-                    },
-                    other => {
-                        finish(
-                            other,
-                            Err(UctError::Protocol("atomic reply to another request".into())),
-                        );
-                        return Err(UctError::Protocol("atomic reply to another request".into()));
-                    }
-                }
-            }
-            Header::FlushReply { req } => {
-                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.kind {
-                    Kind::Flush(c) => {
-                        let r = match self.nack.take() {
-                            Some(e) => Err(e),
-                            None => Ok(()),
-                        };
-                        if let Some(c) = c {
-                            c.finish(r);
-                        }
-                    }
-                    other => {
-                        finish(
-                            other,
-                            Err(UctError::Protocol("flush reply to another request".into())),
-                        );
-                        return Err(UctError::Protocol("flush reply to another request".into()));
-                    }
-                }
-            }
-            Header::Nack { error, .. } => {
-                let e: UctError = error.into();
-                log::debug!("tcp endpoint to {}: peer refused a request: {e}", self.peer);
-                self.nack.get_or_insert(e);
-            }
-            other => {
-                return Err(UctError::Protocol(format!(
-                    "unexpected {other:?} on an endpoint"
-                )))
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for EpState {
-    fn drop(&mut self) {
-        for (_, p) in self.pending.drain() {
-            finish(
-                p.kind,
-                Err(UctError::Canceled("the tcp endpoint was closed".into())),
-            );
-        }
-        self.conn
-            .fail_queued(&UctError::Canceled("the tcp endpoint was closed".into()));
-    }
-}
-
-/// Copies a get reply into the iov list it was asked for.
-fn scatter(iov: &[(MemHandle, usize, usize)], data: &[u8]) -> std::result::Result<(), UctError> {
-    let want: usize = iov.iter().map(|(_, _, l)| l).sum();
-    if want != data.len() {
-        return Err(UctError::Protocol(format!(
-            "get reply has {} bytes, {want} asked for",
-            data.len()
-        )));
-    }
-    let mut at = 0;
-    for (mem, off, len) in iov {
-        mem.write(*off, &data[at..at + len])?;
-        at += len;
-    }
-    Ok(())
-}
+use crate::link::{Kind, Link};
+use crate::wire::{Header, WireAtomic, WireKey};
 
 /// A tcp endpoint.
 pub(crate) struct TcpEp {
-    state: Option<Arc<Mutex<EpState>>>,
+    state: Option<Arc<Mutex<Link>>>,
+    /// This endpoint's id on its link: refusals are reported to it.
+    id: u32,
     /// Set while the endpoint waits for `connect_to_ep`.
     connector: Option<Connector>,
 }
 
 impl TcpEp {
-    pub(crate) fn new(state: Arc<Mutex<EpState>>) -> Self {
+    pub(crate) fn new(link: Arc<Mutex<Link>>) -> Self {
+        let id = link.lock().unwrap_or_else(|p| p.into_inner()).new_ep_id();
         TcpEp {
-            state: Some(state),
+            state: Some(link),
+            id,
             connector: None,
         }
     }
@@ -287,12 +39,13 @@ impl TcpEp {
     pub(crate) fn unconnected(connector: Connector) -> Self {
         TcpEp {
             state: None,
+            id: 0,
             connector: Some(connector),
         }
     }
 
-    /// The shared state, if the connection still works.
-    fn live(&self) -> Result<MutexGuard<'_, EpState>> {
+    /// The link, if it still works.
+    fn live(&self) -> Result<MutexGuard<'_, Link>> {
         let state = self.state.as_ref().ok_or_else(|| {
             UctError::InvalidParam(
                 "the tcp endpoint is not connected; call connect_to_ep with the peer endpoint's address first".into(),
@@ -377,8 +130,7 @@ impl TcpEp {
                 return Ok(Status::NoResource);
             }
         }
-        let req = s.next_req;
-        s.next_req += 1;
+        let req = s.next_req(self.id);
         if let Err(e) = s.conn.send(&make(req), Payload::None, None) {
             s.fail(e.clone());
             return Err(e);
@@ -386,13 +138,7 @@ impl TcpEp {
         if let Some(c) = comp {
             c.start();
         }
-        s.pending.insert(
-            req,
-            Pending {
-                kind: pending,
-                since: Instant::now(),
-            },
-        );
+        s.add_pending(req, pending);
         Ok(Status::InProgress)
     }
 
@@ -420,10 +166,7 @@ impl TcpEp {
     }
 
     fn next_req(&self) -> Result<u64> {
-        let mut s = self.live()?;
-        let r = s.next_req;
-        s.next_req += 1;
-        Ok(r)
+        Ok(self.live()?.next_req(self.id))
     }
 }
 
@@ -615,7 +358,10 @@ impl Endpoint for TcpEp {
     fn flush(&mut self, comp: Option<&Completion>) -> Result<Status> {
         self.request(
             |req| Header::Flush { req },
-            Kind::Flush(comp.cloned()),
+            Kind::Flush {
+                ep: self.id,
+                comp: comp.cloned(),
+            },
             comp,
         )
     }
@@ -645,7 +391,9 @@ impl Endpoint for TcpEp {
             .connector
             .as_ref()
             .ok_or_else(|| UctError::InvalidParam("the tcp endpoint cannot connect".into()))?;
-        self.state = Some(c.connect(device_addr, ep_addr)?);
+        let link = c.connect(device_addr, ep_addr)?;
+        self.id = link.lock().unwrap_or_else(|p| p.into_inner()).new_ep_id();
+        self.state = Some(link);
         Ok(())
     }
 }

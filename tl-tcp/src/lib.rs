@@ -7,6 +7,7 @@ mod conn;
 pub mod devices;
 mod ep;
 mod iface;
+mod link;
 pub mod wire;
 
 use std::sync::{Arc, OnceLock};

@@ -160,6 +160,12 @@ pub enum Header {
         req: u64,
         error: WireError,
     },
+    /// First frame of a connection: where the connecting iface listens, so
+    /// that the other side sends its own requests back on it.
+    Hello {
+        addr: [u8; 16],
+        port: u16,
+    },
 }
 
 /// Encodes a frame's prefix and header; the data follows separately.

@@ -191,17 +191,35 @@ impl Session {
         };
         ch.send_msg(&ours)?;
         let theirs: Setup = ch.recv_msg()?;
-        let ep = match pending_ep.take() {
-            None => iface.create_ep(EpParams::ToIface {
-                device_addr: theirs.device_addr.clone(),
-                iface_addr: theirs.iface_addr.clone(),
-            })?,
-            Some(mut ep) => {
-                let addr = theirs.ep_addr.as_deref().ok_or_else(|| {
-                    PerfError::Protocol("the peer sent no endpoint address".into())
-                })?;
-                ep.connect_to_ep(&theirs.device_addr, addr)?;
+        // The client connects first; the server then finds that connection
+        // and answers over it (transports that share one connection per
+        // pair of ifaces, such as tcp, then carry both directions on it).
+        let connect = |iface: &mut Box<dyn Iface>,
+                       pending: Option<Box<dyn Endpoint>>|
+         -> Result<Box<dyn Endpoint>> {
+            match pending {
+                None => Ok(iface.create_ep(EpParams::ToIface {
+                    device_addr: theirs.device_addr.clone(),
+                    iface_addr: theirs.iface_addr.clone(),
+                })?),
+                Some(mut ep) => {
+                    let addr = theirs.ep_addr.as_deref().ok_or_else(|| {
+                        PerfError::Protocol("the peer sent no endpoint address".into())
+                    })?;
+                    ep.connect_to_ep(&theirs.device_addr, addr)?;
+                    Ok(ep)
+                }
+            }
+        };
+        let ep = match role {
+            Role::Client => {
+                let ep = connect(&mut iface, pending_ep.take())?;
+                ch.barrier()?;
                 ep
+            }
+            Role::Server => {
+                ch.barrier()?;
+                connect(&mut iface, pending_ep.take())?
             }
         };
         let peer_rkey = reg.unpack_rkey(&theirs.rkey, md.name())?;
