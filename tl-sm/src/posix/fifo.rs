@@ -16,14 +16,19 @@ pub const SLOTS: u64 = 256;
 pub const SLOT_DATA: usize = 8192;
 const MAGIC: u64 = u64::from_le_bytes(*b"UCTFIFO1");
 
+/// `head` and `tail` live on cache lines of their own: producers write one,
+/// the consumer the other, and neither drags the other's line around.
 #[repr(C)]
 struct RingHeader {
     magic: AtomicU64,
     owner_pid: AtomicU64,
+    _pad0: [u64; 14],
     /// Next position a producer claims.
     head: AtomicU64,
+    _pad1: [u64; 15],
     /// Next position the consumer reads.
     tail: AtomicU64,
+    _pad2: [u64; 15],
 }
 
 #[repr(C)]
@@ -36,7 +41,7 @@ struct Slot {
     data: [u8; SLOT_DATA],
 }
 
-const HEADER_BYTES: usize = 64;
+const HEADER_BYTES: usize = 384;
 
 /// Bytes of data a ring needs.
 pub fn ring_bytes() -> usize {
@@ -46,6 +51,9 @@ pub fn ring_bytes() -> usize {
 /// A ring in a mapped segment's data area.
 pub struct Ring {
     map: Mapping,
+    /// Producer side: the last tail seen; the shared one is read again only
+    /// when the ring looks full.
+    seen_tail: std::cell::Cell<u64>,
 }
 
 /// What a push did.
@@ -57,7 +65,10 @@ pub enum Push {
 impl Ring {
     /// Initialises a fresh ring in `map` (the owner's side).
     pub fn init(map: Mapping) -> Ring {
-        let r = Ring { map };
+        let r = Ring {
+            map,
+            seen_tail: std::cell::Cell::new(0),
+        };
         let h = r.header();
         h.owner_pid
             .store(std::process::id() as u64, Ordering::Relaxed);
@@ -69,7 +80,10 @@ impl Ring {
 
     /// Wraps a peer's mapped ring, checking it is one.
     pub fn attach(map: Mapping) -> Result<Ring, UctError> {
-        let r = Ring { map };
+        let r = Ring {
+            map,
+            seen_tail: std::cell::Cell::new(0),
+        };
         if r.header().magic.load(Ordering::Acquire) != MAGIC {
             return Err(UctError::Unreachable(
                 "the posix peer address does not name a receive ring".into(),
@@ -108,9 +122,12 @@ impl Ring {
         let h = self.header();
         let pos = loop {
             let head = h.head.load(Ordering::Acquire);
-            let tail = h.tail.load(Ordering::Acquire);
-            if head.wrapping_sub(tail) >= SLOTS {
-                return Push::Full;
+            if head.wrapping_sub(self.seen_tail.get()) >= SLOTS {
+                let tail = h.tail.load(Ordering::Acquire);
+                self.seen_tail.set(tail);
+                if head.wrapping_sub(tail) >= SLOTS {
+                    return Push::Full;
+                }
             }
             if h.head
                 .compare_exchange_weak(head, head + 1, Ordering::AcqRel, Ordering::Relaxed)

@@ -423,7 +423,16 @@ fn pong_arrived(s: &mut Session, size: usize, i: u64) -> Result<()> {
         TestKind::AmLat => spin(s, "an active message", |s| {
             s.am.count.load(Ordering::Acquire) >= seq
         })?,
-        _ => spin(s, "the peer's write", |s| read_u64(s, off) >= seq)?,
+        _ => {
+            // The word the peer writes, located once: the wait loop is one
+            // load and one progress call.
+            let p = s.recv.host_ptr(off, 8)? as *const [u8; 8];
+            // SAFETY: a checked 8-byte range of the live receive buffer,
+            // which the peer writes; read as bytes, so alignment does not
+            // matter.
+            let arrived = move || u64::from_le_bytes(unsafe { std::ptr::read_volatile(p) }) >= seq;
+            spin(s, "the peer's write", |_| arrived())?
+        }
     }
     if test == TestKind::PutLat && s.params.validate {
         let got = buf(&s.recv, size - 8).to_vec();
