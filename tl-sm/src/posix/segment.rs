@@ -280,6 +280,7 @@ impl Mapping {
 
     /// Checks an access at the owner's address `addr` and returns where it
     /// is in this mapping.
+    #[inline]
     pub fn check(
         &self,
         region_id: u64,
@@ -289,33 +290,54 @@ impl Mapping {
         needed: Access,
     ) -> Result<*mut u8, UctError> {
         let h = self.header();
-        if h.state.load(Ordering::Acquire) != LIVE {
-            return Err(UctError::NoSuchRegion { region_id });
-        }
-        if h.secret.load(Ordering::Relaxed) != secret {
-            return Err(UctError::BadSecret);
-        }
         let base = h.base.load(Ordering::Relaxed);
         let rlen = h.len.load(Ordering::Relaxed);
-        let in_range = addr >= base
+        let granted = h.access.load(Ordering::Relaxed) as u8;
+        let ok = h.state.load(Ordering::Acquire) == LIVE
+            && h.secret.load(Ordering::Relaxed) == secret
+            && addr >= base
             && addr
                 .checked_add(len)
                 .is_some_and(|end| end <= base.saturating_add(rlen))
-            && (HEADER_SPACE as u64).saturating_add(rlen) <= self.size as u64;
-        if !in_range {
-            return Err(UctError::OutOfRange {
-                addr,
-                len,
-                base,
-                region_len: rlen,
-            });
-        }
-        let granted = Access::from_bits_truncate(h.access.load(Ordering::Relaxed) as u8);
-        if !granted.contains(needed) {
-            return Err(UctError::AccessDenied { needed, granted });
+            && (HEADER_SPACE as u64).saturating_add(rlen) <= self.size as u64
+            && granted & needed.bits() == needed.bits();
+        if !ok {
+            return Err(self.refusal(region_id, secret, addr, len, needed));
         }
         // SAFETY: addr - base + len <= rlen and HEADER_SPACE + rlen <= size.
         Ok(unsafe { self.data_ptr().add((addr - base) as usize) })
+    }
+
+    /// Which check refused an access, as a named error (the slow path).
+    #[cold]
+    #[inline(never)]
+    fn refusal(
+        &self,
+        region_id: u64,
+        secret: u64,
+        addr: u64,
+        len: u64,
+        needed: Access,
+    ) -> UctError {
+        let h = self.header();
+        if h.state.load(Ordering::Acquire) != LIVE {
+            return UctError::NoSuchRegion { region_id };
+        }
+        if h.secret.load(Ordering::Relaxed) != secret {
+            return UctError::BadSecret;
+        }
+        let base = h.base.load(Ordering::Relaxed);
+        let rlen = h.len.load(Ordering::Relaxed);
+        let granted = Access::from_bits_truncate(h.access.load(Ordering::Relaxed) as u8);
+        if !granted.contains(needed) {
+            return UctError::AccessDenied { needed, granted };
+        }
+        UctError::OutOfRange {
+            addr,
+            len,
+            base,
+            region_len: rlen,
+        }
     }
 }
 
