@@ -13,7 +13,7 @@ use uct_core::{
 
 use super::fifo::{Push, Ring, SLOT_DATA};
 use super::iface::{SegmentCache, MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
-use super::segment::Mapping;
+use super::segment::{Mapping, View};
 use super::PosixRkey;
 use crate::host;
 
@@ -43,7 +43,7 @@ impl PosixEp {
 
     /// The segment of `key`, mapped once per key (and once per iface for
     /// keys of the same segment).
-    fn mapping<'k>(&self, key: &'k PosixRkey) -> Result<&'k Mapping> {
+    fn mapping<'k>(&self, key: &'k PosixRkey) -> Result<&'k (Arc<Mapping>, View)> {
         if let Some(m) = key.mapping.get() {
             return Ok(m);
         }
@@ -59,20 +59,20 @@ impl PosixEp {
                 m
             }
         };
-        let _ = key.mapping.set(m);
-        key.mapping
-            .get()
-            .map(|m| m.as_ref())
-            .ok_or(UctError::NoSuchRegion {
-                region_id: key.soft.region_id,
-            })
+        let view = m.view(key.soft.secret);
+        let _ = key.mapping.set((m, view));
+        key.mapping.get().ok_or(UctError::NoSuchRegion {
+            region_id: key.soft.region_id,
+        })
     }
 
     /// Checks an access and returns the address in the mapping, which the
     /// rkey keeps mapped while the caller copies.
     fn target(&self, rkey: &RemoteKey, addr: u64, len: usize, needed: Access) -> Result<*mut u8> {
         let key = rkey.downcast::<PosixRkey>("posix")?;
-        self.mapping(key)?.check(
+        let (m, view) = self.mapping(key)?;
+        m.check_view(
+            view,
             key.soft.region_id,
             key.soft.secret,
             addr,

@@ -31,10 +31,10 @@ pub struct PosixRkey {
     pub soft: SoftRkey,
     /// Name of the segment to map.
     pub segment: String,
-    /// The segment, once an endpoint has mapped it: later accesses through
-    /// this key go straight to the header check.
+    /// The segment and its fixed header fields, once an endpoint has mapped
+    /// it: later accesses through this key only check that it is alive.
     #[serde(skip)]
-    pub(crate) mapping: std::sync::OnceLock<std::sync::Arc<Mapping>>,
+    pub(crate) mapping: std::sync::OnceLock<(std::sync::Arc<Mapping>, segment::View)>,
 }
 
 /// The posix memory domain: allocates shared-memory segments.

@@ -30,6 +30,16 @@ pub struct SegHeader {
     owner_pid: AtomicU64,
 }
 
+/// The fixed part of a segment's header, as one peer read it.
+#[derive(Debug, Clone, Copy)]
+pub struct View {
+    base: u64,
+    len: u64,
+    granted: u8,
+    /// The secret matched and the range fits the mapping.
+    valid: bool,
+}
+
 /// A mapping of a segment, owned or opened.
 #[derive(Debug)]
 pub struct Mapping {
@@ -280,32 +290,46 @@ impl Mapping {
 
     /// Checks an access at the owner's address `addr` and returns where it
     /// is in this mapping.
+    /// Reads the header fields that never change while the segment lives,
+    /// and checks `secret` against them once.
+    pub fn view(&self, secret: u64) -> View {
+        let h = self.header();
+        let len = h.len.load(Ordering::Relaxed);
+        View {
+            base: h.base.load(Ordering::Relaxed),
+            len,
+            granted: h.access.load(Ordering::Relaxed) as u8,
+            valid: h.secret.load(Ordering::Relaxed) == secret
+                && (HEADER_SPACE as u64).saturating_add(len) <= self.size as u64,
+        }
+    }
+
+    /// Checks an access at the owner's address `addr` and returns where it
+    /// is in this mapping. The fixed header fields come from `v`; only
+    /// whether the segment is still alive is read from shared memory.
     #[inline]
-    pub fn check(
+    pub fn check_view(
         &self,
+        v: &View,
         region_id: u64,
         secret: u64,
         addr: u64,
         len: u64,
         needed: Access,
     ) -> Result<*mut u8, UctError> {
-        let h = self.header();
-        let base = h.base.load(Ordering::Relaxed);
-        let rlen = h.len.load(Ordering::Relaxed);
-        let granted = h.access.load(Ordering::Relaxed) as u8;
-        let ok = h.state.load(Ordering::Acquire) == LIVE
-            && h.secret.load(Ordering::Relaxed) == secret
-            && addr >= base
+        let ok = v.valid
+            && self.header().state.load(Ordering::Acquire) == LIVE
+            && addr >= v.base
             && addr
                 .checked_add(len)
-                .is_some_and(|end| end <= base.saturating_add(rlen))
-            && (HEADER_SPACE as u64).saturating_add(rlen) <= self.size as u64
-            && granted & needed.bits() == needed.bits();
+                .is_some_and(|end| end <= v.base.saturating_add(v.len))
+            && v.granted & needed.bits() == needed.bits();
         if !ok {
             return Err(self.refusal(region_id, secret, addr, len, needed));
         }
-        // SAFETY: addr - base + len <= rlen and HEADER_SPACE + rlen <= size.
-        Ok(unsafe { self.data_ptr().add((addr - base) as usize) })
+        // SAFETY: the view was read from this mapping's header: addr - base
+        // + len <= len and HEADER_SPACE + len <= size.
+        Ok(unsafe { self.data_ptr().add((addr - v.base) as usize) })
     }
 
     /// Which check refused an access, as a named error (the slow path).
