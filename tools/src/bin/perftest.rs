@@ -327,6 +327,8 @@ fn main_result(a: Args) -> Result<()> {
         }
     };
     let s = Session::open(reg, &params, client_ch, Role::Client)?;
+    // A size the transport cannot carry is one error line, before any output.
+    run::check_sizes(&s)?;
     out.header(&s.params);
     let rows = run_sizes(s, Some(&out))?;
     out.finish(&rows);
