@@ -1,1 +1,11 @@
-//! InfiniBand/RoCE memory domain over rdma-sys (issue: RDMA for real). Not built yet.
+//! InfiniBand/RoCE memory domain over rdma-sys: devices, ports and GIDs,
+//! protection domains, registration of host memory (`ibv_reg_mr`) and of
+//! DMA-buf fds (`ibv_reg_dmabuf_mr`), rkeys. It links libibverbs, so it is
+//! used only inside the loadable `ib` module (built by tl-rc).
+
+pub mod device;
+pub mod md;
+pub mod verbs;
+
+pub use device::{DeviceInfo, GidEntry, PortInfo};
+pub use md::{IbBacking, IbMd, IbRkey, DMABUF_NICS};

@@ -1,0 +1,406 @@
+//! The IB memory domain: one per device, with its protection domain;
+//! registers host memory (`ibv_reg_mr`) and DMA-buf fds
+//! (`ibv_reg_dmabuf_mr`), and packs the keys peers use.
+
+use std::any::Any;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::Arc;
+
+use rdma_sys::*;
+use serde::{Deserialize, Serialize};
+use uct_core::host_alloc::HostAlloc;
+use uct_core::md::{MdAttrs, MdFlags, RegCost};
+use uct_core::memory::MemBacking;
+use uct_core::rkey::{decode_payload, encode_payload};
+use uct_core::{
+    Access, MemHandle, MemRegion, MemoryDomain, MemoryType, RemoteKey, Result, RkeyEntry, UctError,
+};
+
+use crate::device::DeviceInfo;
+use crate::verbs::{errno_error, Context, Mr, Pd};
+
+/// NICs whose drivers register DMA-bufs.
+pub const DMABUF_NICS: &str = "mlx5, efa, irdma, bnxt_re";
+
+/// What an IB rkey carries: the NIC's key and the region, so the sender can
+/// refuse an access outside it before the NIC does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IbRkey {
+    pub rkey: u32,
+    pub base: u64,
+    pub len: u64,
+    pub access: Access,
+}
+
+impl IbRkey {
+    /// The sender-side check of an access.
+    pub fn precheck(&self, addr: u64, len: u64, needed: Access) -> Result<()> {
+        let in_range = addr >= self.base
+            && addr
+                .checked_add(len)
+                .is_some_and(|e| e <= self.base.saturating_add(self.len));
+        if !in_range {
+            return Err(UctError::OutOfRange {
+                addr,
+                len,
+                base: self.base,
+                region_len: self.len,
+            });
+        }
+        if !self.access.contains(needed) {
+            return Err(UctError::AccessDenied {
+                needed,
+                granted: self.access,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A registration: the MR, and the memory when the MD allocated it.
+pub struct IbBacking {
+    mr: Mr,
+    _alloc: Option<HostAlloc>,
+    /// The DMA-buf memory registered keeps its exporter's handle alive.
+    _owner: Option<MemHandle>,
+}
+
+impl IbBacking {
+    pub fn lkey(&self) -> u32 {
+        self.mr.lkey()
+    }
+    pub fn rkey(&self) -> u32 {
+        self.mr.rkey()
+    }
+}
+
+impl MemBacking for IbBacking {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// An IB/RoCE device as a memory domain.
+pub struct IbMd {
+    component: &'static str,
+    info: DeviceInfo,
+    pd: Arc<Pd>,
+    dmabuf: bool,
+}
+
+fn verbs_access(a: Access) -> i32 {
+    // Remote write and atomics need local write, by the verbs rules.
+    let mut f = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+    if a.contains(Access::REMOTE_READ) {
+        f |= ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+    }
+    if a.contains(Access::REMOTE_WRITE) {
+        f |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+    }
+    if a.contains(Access::REMOTE_ATOMIC) {
+        f |= ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+    }
+    f as i32
+}
+
+/// Asks the device whether it registers DMA-bufs: with fd -1, EBADF means
+/// the driver would try (supported), EOPNOTSUPP that it cannot.
+fn probe_dmabuf(pd: &Pd) -> bool {
+    // SAFETY: an invalid fd only makes the call fail; nothing is registered.
+    let p = unsafe {
+        ibv_reg_dmabuf_mr(
+            pd.as_ptr(),
+            0,
+            4096,
+            0,
+            -1,
+            verbs_access(Access::LOCAL_WRITE),
+        )
+    };
+    if !p.is_null() {
+        // SAFETY: unexpectedly registered: undo it.
+        unsafe { ibv_dereg_mr(p) };
+        return true;
+    }
+    std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF)
+}
+
+impl IbMd {
+    /// Opens device `name` as a memory domain.
+    pub fn open(component: &'static str, name: &str) -> Result<IbMd> {
+        let ctx = Context::open(name)?;
+        let info = DeviceInfo::query(&ctx)?;
+        let pd = Pd::new(&ctx)?;
+        let dmabuf = probe_dmabuf(&pd);
+        log::debug!(
+            "ib: {name}: DMA-buf registration {}",
+            if dmabuf { "supported" } else { "not supported" }
+        );
+        Ok(IbMd {
+            component,
+            info,
+            pd,
+            dmabuf,
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    pub fn supports_dmabuf(&self) -> bool {
+        self.dmabuf
+    }
+
+    /// The lkey of a handle registered with this MD.
+    pub fn lkey_of(&self, mem: &MemHandle) -> Result<u32> {
+        mem.backing()
+            .as_any()
+            .downcast_ref::<IbBacking>()
+            .filter(|_| mem.md_name() == self.info.name)
+            .map(IbBacking::lkey)
+            .ok_or_else(|| {
+                UctError::InvalidParam(format!(
+                    "memory handle belongs to memory domain {}, not {}; register it with {}",
+                    mem.md_name(),
+                    self.info.name,
+                    self.info.name
+                ))
+            })
+    }
+
+    /// Unpacks a key packed by an IB MD.
+    pub fn unpack_rkey(component: &str, entry: &RkeyEntry) -> Result<RemoteKey> {
+        let k: IbRkey = decode_payload(&entry.payload)?;
+        if k.base.checked_add(k.len).is_none() {
+            return Err(UctError::BadRkey(
+                "region wraps around the address space".into(),
+            ));
+        }
+        Ok(RemoteKey::new(component, entry.md.clone(), Box::new(k)))
+    }
+
+    fn handle(
+        &self,
+        b: IbBacking,
+        addr: u64,
+        len: usize,
+        mem_type: MemoryType,
+        access: Access,
+    ) -> MemHandle {
+        MemRegion::new(
+            addr,
+            len,
+            mem_type,
+            access,
+            self.info.name.clone(),
+            Box::new(b),
+        )
+    }
+}
+
+impl MemoryDomain for IbMd {
+    fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    fn component(&self) -> &str {
+        self.component
+    }
+
+    fn attrs(&self) -> MdAttrs {
+        let mut flags = MdFlags::ALLOC | MdFlags::REG | MdFlags::NEED_RKEY;
+        let mut reg = vec![MemoryType::Host];
+        if self.dmabuf {
+            flags |= MdFlags::REG_DMABUF;
+            reg.extend([MemoryType::DmaBuf, MemoryType::Gaudi, MemoryType::Cuda]);
+        }
+        MdAttrs {
+            flags,
+            alloc_mem_types: vec![MemoryType::Host],
+            reg_mem_types: reg,
+            export_mem_types: vec![],
+            detect_mem_types: vec![],
+            max_alloc: 1 << 40,
+            rkey_packed_size: 32,
+            reg_cost: RegCost {
+                overhead_ns: 16_000.0,
+                per_byte_ns: 0.06,
+            },
+            system_device: self.info.pci.clone(),
+        }
+    }
+
+    fn alloc(&self, len: usize, mem_type: MemoryType, access: Access) -> Result<MemHandle> {
+        if mem_type != MemoryType::Host {
+            return Err(UctError::MemoryTypeUnsupported {
+                mem_type,
+                owner: format!("memory domain {}", self.info.name),
+                hint:
+                    "allocate device memory with the device's MD (gaudi0, ...) and register it here"
+                        .into(),
+            });
+        }
+        let mem = HostAlloc::new(len)?;
+        // SAFETY: the allocation lives in the handle as long as the MR.
+        let mr = unsafe { self.reg_host(mem.as_ptr(), len, access) }?;
+        let addr = mem.as_ptr() as u64;
+        let b = IbBacking {
+            mr,
+            _alloc: Some(mem),
+            _owner: None,
+        };
+        Ok(self.handle(b, addr, len, MemoryType::Host, access))
+    }
+
+    unsafe fn register(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemHandle> {
+        // SAFETY: forwarded contract: the memory outlives the handle.
+        let mr = unsafe { self.reg_host(addr, len, access) }?;
+        let b = IbBacking {
+            mr,
+            _alloc: None,
+            _owner: None,
+        };
+        Ok(self.handle(b, addr as u64, len, MemoryType::Host, access))
+    }
+
+    fn register_dmabuf(
+        &self,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MemHandle> {
+        let mr = self.reg_dmabuf(fd, offset, len, iova, access)?;
+        let b = IbBacking {
+            mr,
+            _alloc: None,
+            _owner: None,
+        };
+        Ok(self.handle(b, iova, len, MemoryType::DmaBuf, access))
+    }
+
+    fn register_handle(&self, mem: &MemHandle, access: Access) -> Result<MemHandle> {
+        if mem.mem_type().is_host_accessible() {
+            let p = mem.host_ptr(0, mem.len())?;
+            // SAFETY: the new handle keeps `mem` alive, so the memory stays.
+            let mr = unsafe { self.reg_host(p, mem.len(), access) }?;
+            let b = IbBacking {
+                mr,
+                _alloc: None,
+                _owner: Some(mem.clone()),
+            };
+            return Ok(self.handle(b, mem.addr(), mem.len(), mem.mem_type(), access));
+        }
+        Err(UctError::MemoryTypeUnsupported {
+            mem_type: mem.mem_type(),
+            owner: format!("memory domain {}", self.info.name),
+            hint: format!(
+                "query its owner ({}) for a DMA-buf fd and register that with register_dmabuf",
+                mem.md_name()
+            ),
+        })
+    }
+
+    fn pack_rkey(&self, mem: &MemHandle) -> Result<RkeyEntry> {
+        let b = mem
+            .backing()
+            .as_any()
+            .downcast_ref::<IbBacking>()
+            .filter(|_| mem.md_name() == self.info.name)
+            .ok_or_else(|| {
+                UctError::InvalidParam(format!(
+                    "memory handle belongs to memory domain {}, not {}",
+                    mem.md_name(),
+                    self.info.name
+                ))
+            })?;
+        Ok(RkeyEntry {
+            component: self.component.into(),
+            md: self.info.name.clone(),
+            payload: encode_payload(&IbRkey {
+                rkey: b.rkey(),
+                base: mem.addr(),
+                len: mem.len() as u64,
+                access: mem.access(),
+            })?,
+        })
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl IbMd {
+    /// # Safety
+    /// `addr..addr+len` must stay valid host memory while the MR lives.
+    unsafe fn reg_host(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+        // SAFETY: the caller's contract.
+        let p = unsafe {
+            ibv_reg_mr(
+                self.pd.as_ptr(),
+                addr as *mut libc::c_void,
+                len.max(1),
+                verbs_access(access),
+            )
+        };
+        Mr::from_raw(
+            p,
+            &self.pd,
+            &format!("ibv_reg_mr of {len} bytes on {}", self.info.name),
+        )
+    }
+
+    fn reg_dmabuf(
+        &self,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<Mr> {
+        if !self.dmabuf {
+            return Err(UctError::Unsupported {
+                transport: self.info.name.clone(),
+                operation: format!(
+                    "registering DMA-buf memory: this NIC cannot import DMA-buf (its driver refuses ibv_reg_dmabuf_mr); use a NIC that can: {DMABUF_NICS}"
+                ),
+            });
+        }
+        // SAFETY: a borrowed fd valid for the call; the driver takes its own
+        // reference on the DMA-buf.
+        let p = unsafe {
+            ibv_reg_dmabuf_mr(
+                self.pd.as_ptr(),
+                offset,
+                len,
+                iova,
+                fd.as_raw_fd(),
+                verbs_access(access),
+            )
+        };
+        if p.is_null() {
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            if errno == libc::EOPNOTSUPP {
+                return Err(UctError::Unsupported {
+                    transport: self.info.name.clone(),
+                    operation: format!("registering DMA-buf memory: this NIC cannot import DMA-buf; use a NIC that can: {DMABUF_NICS}"),
+                });
+            }
+            return Err(errno_error(
+                &format!(
+                    "ibv_reg_dmabuf_mr(fd {}, offset {offset}, {len} bytes, iova {iova:#x})",
+                    fd.as_raw_fd()
+                ),
+                errno,
+            ));
+        }
+        Mr::from_raw(p, &self.pd, "ibv_reg_dmabuf_mr")
+    }
+}
