@@ -156,9 +156,14 @@ fn transport(s: &mut String, t: &TransportReport) {
     if atomics.is_empty() {
         let _ = writeln!(s, "#  {:>20}: none", "atomics");
     } else {
+        let swap = if a.capabilities.iter().any(|c| c == "atomic_swap") {
+            "swap, "
+        } else {
+            ""
+        };
         let _ = writeln!(
             s,
-            "#  {:>20}: add, fetch-add, swap, compare-swap ({})",
+            "#  {:>20}: add, fetch-add, {swap}compare-swap ({})",
             "atomics",
             atomics.join(", ")
         );

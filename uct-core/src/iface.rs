@@ -28,6 +28,9 @@ bitflags::bitflags! {
         const CONNECT_TO_EP = 1 << 14;
         /// Peer failure is reported on the endpoint instead of hanging.
         const ERRHANDLE_PEER_FAILURE = 1 << 15;
+        /// Atomic swap (fetch-and-store), besides add, fetch-add and
+        /// compare-and-swap; verbs NICs have no native swap.
+        const ATOMIC_SWAP = 1 << 16;
     }
 }
 

@@ -31,6 +31,7 @@ fn attrs() -> IfaceAttrs {
             | Caps::AM
             | Caps::ATOMIC32
             | Caps::ATOMIC64
+            | Caps::ATOMIC_SWAP
             | Caps::FLUSH
             | Caps::FENCE
             | Caps::CONNECT_TO_IFACE

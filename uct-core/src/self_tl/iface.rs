@@ -64,6 +64,7 @@ fn self_attrs() -> IfaceAttrs {
             | Caps::AM
             | Caps::ATOMIC32
             | Caps::ATOMIC64
+            | Caps::ATOMIC_SWAP
             | Caps::FLUSH
             | Caps::FENCE
             | Caps::CONNECT_TO_IFACE,
