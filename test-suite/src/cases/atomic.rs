@@ -66,7 +66,16 @@ fn atomics(p: &mut Pair, w: usize) -> TestResult {
     );
 
     // Wrap-around stays within the width.
-    let old = fetch(p, FetchOp::Swap(val(w, mask)), addr, &rkey)?;
+    // Without swap (verbs has none), compare-and-swap stores all ones.
+    let op = if p.caps().contains(Caps::ATOMIC_SWAP) {
+        FetchOp::Swap(val(w, mask))
+    } else {
+        FetchOp::CompareSwap {
+            compare: val(w, (start + 17) & mask),
+            swap: val(w, mask),
+        }
+    };
+    let old = fetch(p, op, addr, &rkey)?;
     ensure!(old == (start + 17) & mask, "swap returned {old:#x}");
     let old = fetch(p, FetchOp::Add(val(w, 2)), addr, &rkey)?;
     ensure!(old == mask, "fetch-add after swap returned {old:#x}");
