@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use md_ib::{IbMd, IbRkey};
 use rdma_sys::*;
@@ -62,10 +63,22 @@ pub(crate) struct EpInner {
     /// Active messages received, for the iface to deliver.
     pub(crate) ams: VecDeque<(u8, Vec<u8>)>,
     dev: String,
+    /// With operations outstanding and no completion for this long, the
+    /// peer is taken for dead: some NICs (rxe) never time out a QP whose
+    /// peer is gone.
+    peer_timeout: Duration,
+    last_completion: Instant,
 }
 
 impl EpInner {
-    pub(crate) fn new(md: &Arc<IbMd>, port: u8, dev: &str, tx: u32, rx: u32) -> Result<EpInner> {
+    pub(crate) fn new(
+        md: &Arc<IbMd>,
+        port: u8,
+        dev: &str,
+        tx: u32,
+        rx: u32,
+        peer_timeout: Duration,
+    ) -> Result<EpInner> {
         let info = md.info();
         let cq = Cq::new(md.pd().context(), tx + rx + 16)?;
         let qp = Qp::new(
@@ -114,6 +127,8 @@ impl EpInner {
             recv_lkey,
             ams: VecDeque::new(),
             dev: dev.to_string(),
+            peer_timeout,
+            last_completion: Instant::now(),
         })
     }
 
@@ -153,7 +168,22 @@ impl EpInner {
                 self.on_completion(wc);
             }
             total += n;
+            if n > 0 {
+                self.last_completion = Instant::now();
+            }
             if n < wcs.len() {
+                if self.outstanding > 0
+                    && self.failed.is_none()
+                    && self.last_completion.elapsed() > self.peer_timeout
+                {
+                    let e = UctError::EndpointFailed(format!(
+                        "rc {}: no work completion for {:?} with {} operations outstanding; the peer is dead or unreachable (UCT_RC_PEER_TIMEOUT)",
+                        self.dev, self.peer_timeout, self.outstanding
+                    ));
+                    self.qp.to_error();
+                    self.fail(e);
+                    return total + 1;
+                }
                 return total;
             }
         }
@@ -303,6 +333,10 @@ impl EpInner {
         }
         self.ops[slot] = Some(op);
         self.tx_free -= 1;
+        if self.outstanding == 0 {
+            // The clock for the peer timeout starts with the first op.
+            self.last_completion = Instant::now();
+        }
         self.outstanding += 1;
         Ok(())
     }

@@ -20,6 +20,7 @@ const AM_IDS: usize = uct_core::iface::AM_ID_MAX;
 pub struct Queues {
     pub tx: u32,
     pub rx: u32,
+    pub peer_timeout: std::time::Duration,
 }
 
 /// An rc iface.
@@ -194,6 +195,7 @@ impl Iface for RcIface {
             &self.dev,
             self.queues.tx,
             self.queues.rx,
+            self.queues.peer_timeout,
         )?));
         self.eps.retain(|w| w.strong_count() > 0);
         self.eps.push(Arc::downgrade(&inner));

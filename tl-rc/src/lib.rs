@@ -36,6 +36,12 @@ pub const IB_CONFIG: &[ConfigVar] = &[
         doc: "Send queue length of each rc endpoint: operations in flight before NoResource.",
     },
     ConfigVar {
+        name: "UCT_RC_PEER_TIMEOUT",
+        default: "10s",
+        kind: ConfigKind::Duration,
+        doc: "With operations outstanding and no work completion for this long, an rc endpoint fails: its peer is taken for dead (some NICs, rxe among them, never time out such a QP).",
+    },
+    ConfigVar {
         name: "UCT_RC_RX_QUEUE_LEN",
         default: "64",
         kind: ConfigKind::Uint,
@@ -144,6 +150,9 @@ impl Component for IbComponent {
                 .flatten()
                 .unwrap_or(64)
                 .clamp(8, 16384) as u32,
+            peer_timeout: cfg
+                .get_duration("UCT_RC_PEER_TIMEOUT")
+                .unwrap_or(std::time::Duration::from_secs(10)),
         };
         Ok(Box::new(RcIface::open(
             md.clone(),

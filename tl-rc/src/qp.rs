@@ -218,6 +218,17 @@ impl Qp {
         self.modify(&mut b, mask, "RTR -> RTS")
     }
 
+    /// Moves the QP to the error state: the NIC stops working on it and
+    /// flushes what is posted.
+    pub fn to_error(&self) {
+        // SAFETY: zeroed is a valid attr; only the state is set.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        if let Err(e) = self.modify(&mut a, ibv_qp_attr_mask::IBV_QP_STATE.0, "-> ERR") {
+            log::debug!("{e}");
+        }
+    }
+
     /// Posts one send work request.
     pub fn post_send(&self, wr: &mut ibv_send_wr) -> Result<(), UctError> {
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
