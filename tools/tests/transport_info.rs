@@ -174,3 +174,74 @@ fn invalid_value_names_the_variable_and_what_is_expected() {
         "{err}"
     );
 }
+
+/// The folder holding libuct_ib.so built by cargo for these tests.
+fn ib_module_dir() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap().to_path_buf();
+    for d in [deps.clone(), deps.parent().unwrap().to_path_buf()] {
+        if d.join("libuct_ib.so").exists() {
+            return d;
+        }
+    }
+    panic!("libuct_ib.so is not built beside {}", deps.display());
+}
+
+#[test]
+fn ib_module_loads_on_a_host_without_rdma_devices() {
+    let dir = ib_module_dir();
+    let o = run(&["-a"], &[("UCT_MODULE_DIR", dir.to_str().unwrap())]);
+    assert!(o.status.success());
+    let s = stdout(&o);
+    let line = s
+        .lines()
+        .find(|l| l.starts_with("# module ib"))
+        .expect("ib module line");
+    assert!(
+        line.contains("loaded") && line.contains("libuct_ib.so"),
+        "{line}"
+    );
+    if std::fs::read_dir("/sys/class/infiniband")
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(true)
+    {
+        assert!(s.contains("rc: component ib found no device"), "{s}");
+    }
+}
+
+#[test]
+fn ib_module_without_libibverbs_is_listed_with_the_loader_reason() {
+    // Shadow libibverbs.so.1 in the library search path with a file that is
+    // not a library: the loader refuses the module and says why.
+    let dir = ib_module_dir();
+    let shadow = test_suite::modules::scratch_dir("no-ibverbs");
+    std::fs::write(shadow.join("libibverbs.so.1"), b"").unwrap();
+    let o = run(
+        &["-a"],
+        &[
+            ("UCT_MODULE_DIR", dir.to_str().unwrap()),
+            ("LD_LIBRARY_PATH", shadow.to_str().unwrap()),
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "transport-info itself must not need libibverbs"
+    );
+    let s = stdout(&o);
+    let line = s
+        .lines()
+        .find(|l| l.starts_with("# module ib"))
+        .expect("ib module line");
+    assert!(line.contains("failed"), "{line}");
+    assert!(
+        s.contains("libibverbs.so.1"),
+        "the reason does not name the library:\n{s}"
+    );
+    // Everything else still works.
+    assert!(
+        s.contains("Transport: self")
+            && s.contains("Transport: posix")
+            && s.contains("Transport: tcp"),
+        "{s}"
+    );
+}

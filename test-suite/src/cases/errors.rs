@@ -197,10 +197,15 @@ fn deregistered_region(p: &mut Pair) -> TestResult {
             "access to a deregistered region gave: {e}"
         );
     } else {
-        // A NIC reports a remote access error on the endpoint.
+        // A NIC reports a remote access error on the endpoint, naming the
+        // work completion status.
         ensure!(
             matches!(e, UctError::EndpointFailed(_)),
             "access to a deregistered region gave: {e}"
+        );
+        ensure!(
+            e.to_string().contains("work completion status"),
+            "the endpoint error does not name the work completion status: {e}"
         );
     }
     Ok(())
