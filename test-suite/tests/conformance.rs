@@ -47,6 +47,14 @@ fn main() {
     test_suite::target::run_agent_if_asked();
     uct_core::logging::init();
     let args = Arguments::from_args();
+    // A filter such as `rc::` names one transport: leave the others out of
+    // the tally, not just out of the run.
+    let only: Option<String> = args
+        .filter
+        .as_deref()
+        .and_then(|f| f.split_once("::"))
+        .map(|(tl, _)| tl.to_string());
+    let wanted = |tl: &str| only.as_deref().is_none_or(|o| o == tl);
     let reg: &'static Registry = Registry::global();
     let tally: Tallies = Arc::default();
 
@@ -80,6 +88,9 @@ fn main() {
     let mut trials = Vec::new();
     let mut skipped = Vec::new();
     for (tl, _) in KNOWN_TRANSPORTS {
+        if !wanted(tl) {
+            continue;
+        }
         if !resources.iter().any(|r| r.tl.transport == *tl) {
             println!(
                 "conformance: SKIPPED transport {tl}: {}",
@@ -90,7 +101,7 @@ fn main() {
         }
     }
 
-    for r in &resources {
+    for r in resources.iter().filter(|r| wanted(&r.tl.transport)) {
         let tl = r.tl.transport.clone();
         let caps = match r.component.open_iface(&r.md, &r.tl, &Default::default()) {
             Ok(i) => i.attrs().caps,
