@@ -60,8 +60,9 @@ pub(crate) struct EpInner {
     free_segs: Vec<usize>,
     recv: MemHandle,
     recv_lkey: u32,
-    /// Active messages received, for the iface to deliver.
-    pub(crate) ams: VecDeque<(u8, Vec<u8>)>,
+    /// Active messages received, for the iface to deliver: id, receive
+    /// segment and length. The segment is reposted after delivery.
+    pub(crate) ams: VecDeque<(u8, usize, usize)>,
     dev: String,
     /// With operations outstanding and no completion for this long, the
     /// peer is taken for dead: some NICs (rxe) never time out a QP whose
@@ -212,17 +213,8 @@ impl EpInner {
             // SAFETY: the union holds the immediate for IBV_WC_WITH_IMM.
             let id = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data }) as u8;
             let len = (wc.byte_len as usize).min(SEG);
-            let mut data = vec![0u8; len];
-            if self.recv.read(i * SEG, &mut data).is_ok() {
-                self.ams.push_back((id, data));
-            }
-            let addr = self.recv.addr() + (i * SEG) as u64;
-            if let Err(e) = self
-                .qp
-                .post_recv(wc.wr_id, addr, SEG as u32, self.recv_lkey)
-            {
-                self.fail(e);
-            }
+            // Delivered in place by the iface, then reposted.
+            self.ams.push_back((id, i, len));
             return;
         }
         let slot = wc.wr_id as usize;
@@ -276,6 +268,26 @@ impl EpInner {
             for c in self.flushes.drain(..) {
                 c.finish(Ok(()));
             }
+        }
+    }
+
+    /// The receive buffers, for delivering active messages in place.
+    pub(crate) fn recv_buffer(&self) -> &MemHandle {
+        &self.recv
+    }
+
+    /// Gives receive segment `i` back to the NIC after its message was
+    /// delivered.
+    pub(crate) fn repost(&mut self, i: usize) {
+        if self.failed.is_some() {
+            return;
+        }
+        let addr = self.recv.addr() + (i * SEG) as u64;
+        if let Err(e) = self
+            .qp
+            .post_recv(RECV_BIT | i as u64, addr, SEG as u32, self.recv_lkey)
+        {
+            self.fail(e);
         }
     }
 
@@ -477,14 +489,21 @@ impl RcEp {
         };
         let inline = total <= max_short && parts.len() <= MAX_IOV;
         let mut seg = None;
-        let mut sges: Vec<ibv_sge> = Vec::with_capacity(parts.len());
+        // On the stack: no allocation per message.
+        let mut sges = [ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; MAX_IOV];
+        let mut n = 0;
         if inline {
             for p in parts {
-                sges.push(ibv_sge {
+                sges[n] = ibv_sge {
                     addr: p.as_ptr() as u64,
                     length: p.len() as u32,
                     lkey: 0,
-                });
+                };
+                n += 1;
             }
         } else {
             let Some(s) = g.seg() else {
@@ -495,14 +514,15 @@ impl RcEp {
                 g.bounce.write(at, p)?;
                 at += p.len();
             }
-            sges.push(ibv_sge {
+            sges[0] = ibv_sge {
                 addr: g.seg_addr(s),
                 length: total as u32,
                 lkey: g.bounce_lkey,
-            });
+            };
+            n = 1;
             seg = Some(s);
         }
-        let mut wr = empty_wr(opcode, &mut sges);
+        let mut wr = empty_wr(opcode, &mut sges[..n]);
         if inline {
             wr.send_flags |= ibv_send_flags::IBV_SEND_INLINE.0;
         }

@@ -34,7 +34,8 @@ pub struct RcIface {
     handlers: Vec<Option<AmHandler>>,
     eps: Vec<Weak<Mutex<EpInner>>>,
     queues: Queues,
-    ams: Vec<(u8, Vec<u8>)>,
+    ams: Vec<(u8, usize, usize)>,
+    scratch: Vec<Arc<Mutex<EpInner>>>,
 }
 
 /// GID (16 bytes), LID (2, little-endian), MTU enum (1).
@@ -147,6 +148,7 @@ impl RcIface {
             eps: Vec::new(),
             queues,
             ams: Vec::new(),
+            scratch: Vec::new(),
         })
     }
 }
@@ -220,27 +222,49 @@ impl Iface for RcIface {
 
     fn progress(&mut self) -> usize {
         let mut n = 0;
-        let ams = &mut self.ams;
+        let mut eps = std::mem::take(&mut self.scratch);
+        eps.clear();
         self.eps.retain(|w| match w.upgrade() {
             Some(e) => {
-                let mut g = e.lock().unwrap_or_else(|p| p.into_inner());
-                n += g.progress();
-                ams.extend(g.ams.drain(..));
+                eps.push(e);
                 true
             }
             None => false,
         });
-        // Handlers run outside the endpoints' locks: they may send.
-        for (id, data) in self.ams.drain(..) {
-            match self.handlers.get_mut(id as usize).and_then(Option::as_mut) {
-                Some(h) => h(AmMessage { id, data: &data }),
-                None => log::warn!(
-                    "rc {}: dropped active message {id} ({} bytes): no handler set",
-                    self.dev,
-                    data.len()
-                ),
+        for e in &eps {
+            let mut g = e.lock().unwrap_or_else(|p| p.into_inner());
+            n += g.progress();
+            if g.ams.is_empty() {
+                continue;
+            }
+            self.ams.clear();
+            self.ams.extend(g.ams.drain(..));
+            let recv = g.recv_buffer().clone();
+            // Handlers run outside the endpoint's lock (they may send),
+            // reading each message in place in its receive segment.
+            drop(g);
+            for &(id, seg, len) in &self.ams {
+                let data = match recv.host_ptr(seg * SEG, len) {
+                    // SAFETY: the segment is not posted to the NIC until it
+                    // is reposted below, and `recv` keeps it alive.
+                    Ok(p) => unsafe { std::slice::from_raw_parts(p as *const u8, len) },
+                    Err(_) => &[],
+                };
+                match self.handlers.get_mut(id as usize).and_then(Option::as_mut) {
+                    Some(h) => h(AmMessage { id, data }),
+                    None => log::warn!(
+                        "rc {}: dropped active message {id} ({len} bytes): no handler set",
+                        self.dev
+                    ),
+                }
+            }
+            let mut g = e.lock().unwrap_or_else(|p| p.into_inner());
+            for &(_, seg, _) in &self.ams {
+                g.repost(seg);
             }
         }
+        eps.clear();
+        self.scratch = eps;
         n
     }
 }
