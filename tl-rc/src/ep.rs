@@ -19,6 +19,10 @@ use crate::qp::{wc_status_name, Cq, Qp, Remote};
 pub(crate) const SEG: usize = 8192;
 const RECV_BIT: u64 = 1 << 63;
 pub(crate) const MAX_IOV: usize = 8;
+/// Signal one send in this many (the others complete with it).
+const MODERATION: u32 = 16;
+/// Immediate of the empty sends a flush uses; the receiver drops them.
+const NOP_ID: u8 = 0xff;
 
 /// What a posted work request completes.
 enum Kind {
@@ -50,8 +54,14 @@ pub(crate) struct EpInner {
     connected: bool,
     failed: Option<UctError>,
     tx_free: u32,
-    ops: Vec<Option<Op>>,
-    free_ops: Vec<usize>,
+    /// Posted operations in order, with their sequence numbers. Only some
+    /// are signalled (tx moderation, as UCX does): a completion also
+    /// completes every operation posted before it (RC keeps order).
+    ops: VecDeque<(u64, Op)>,
+    next_seq: u64,
+    since_signal: u32,
+    /// Whether the last posted operation was signalled.
+    tail_signaled: bool,
     outstanding: usize,
     flushes: Vec<Completion>,
     fence: bool,
@@ -68,7 +78,13 @@ pub(crate) struct EpInner {
     /// peer is taken for dead: some NICs (rxe) never time out a QP whose
     /// peer is gone.
     peer_timeout: Duration,
+    /// When the clock last saw progress; `saw_progress` records progress
+    /// seen since, without reading the clock each time.
     last_completion: Instant,
+    saw_progress: bool,
+    idle_polls: u32,
+    /// Reused completion array.
+    wcs: Vec<ibv_wc>,
 }
 
 impl EpInner {
@@ -116,8 +132,10 @@ impl EpInner {
             connected: false,
             failed: None,
             tx_free: tx,
-            ops: Vec::new(),
-            free_ops: Vec::new(),
+            ops: VecDeque::new(),
+            next_seq: 1,
+            since_signal: 0,
+            tail_signaled: true,
             outstanding: 0,
             flushes: Vec::new(),
             fence: false,
@@ -130,12 +148,16 @@ impl EpInner {
             dev: dev.to_string(),
             peer_timeout,
             last_completion: Instant::now(),
+            saw_progress: false,
+            idle_polls: 0,
+            // SAFETY: ibv_wc is plain data; all zeroes is a valid value.
+            wcs: (0..16).map(|_| unsafe { std::mem::zeroed() }).collect(),
         })
     }
 
     fn fail(&mut self, err: UctError) {
         log::debug!("rc {}: endpoint failed: {err}", self.dev);
-        for op in self.ops.iter_mut().filter_map(Option::take) {
+        for (_, op) in self.ops.drain(..) {
             match op.kind {
                 Kind::Plain => {}
                 Kind::Comp(c) => {
@@ -155,10 +177,16 @@ impl EpInner {
 
     /// Polls the completion queue; returns how many completions it handled.
     pub(crate) fn progress(&mut self) -> usize {
-        let mut wcs: [ibv_wc; 16] = unsafe_zeroed_wcs();
+        let mut wcs = std::mem::take(&mut self.wcs);
+        let n = self.poll_into(&mut wcs);
+        self.wcs = wcs;
+        n
+    }
+
+    fn poll_into(&mut self, wcs: &mut [ibv_wc]) -> usize {
         let mut total = 0;
         loop {
-            let n = match self.cq.poll(&mut wcs) {
+            let n = match self.cq.poll(wcs) {
                 Ok(n) => n,
                 Err(e) => {
                     self.fail(e);
@@ -170,13 +198,13 @@ impl EpInner {
             }
             total += n;
             if n > 0 {
-                self.last_completion = Instant::now();
+                self.saw_progress = true;
             }
             if n < wcs.len() {
-                if self.outstanding > 0
-                    && self.failed.is_none()
-                    && self.last_completion.elapsed() > self.peer_timeout
-                {
+                // Reading the clock on every poll would cost more than the
+                // poll: look at it every few thousand idle polls.
+                self.idle_polls = self.idle_polls.wrapping_add(1);
+                if self.idle_polls.is_multiple_of(4096) && self.peer_timed_out() {
                     let e = UctError::EndpointFailed(format!(
                         "rc {}: no work completion for {:?} with {} operations outstanding; the peer is dead or unreachable (UCT_RC_PEER_TIMEOUT)",
                         self.dev, self.peer_timeout, self.outstanding
@@ -188,6 +216,17 @@ impl EpInner {
                 return total;
             }
         }
+    }
+
+    /// Whether operations have waited for a completion longer than the
+    /// peer timeout.
+    fn peer_timed_out(&mut self) -> bool {
+        if self.outstanding == 0 || self.failed.is_some() || std::mem::take(&mut self.saw_progress)
+        {
+            self.last_completion = Instant::now();
+            return false;
+        }
+        self.last_completion.elapsed() > self.peer_timeout
     }
 
     fn on_completion(&mut self, wc: &ibv_wc) {
@@ -212,56 +251,63 @@ impl EpInner {
             }
             // SAFETY: the union holds the immediate for IBV_WC_WITH_IMM.
             let id = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data }) as u8;
+            if id == NOP_ID {
+                self.repost(i);
+                return;
+            }
             let len = (wc.byte_len as usize).min(SEG);
             // Delivered in place by the iface, then reposted.
             self.ams.push_back((id, i, len));
             return;
         }
-        let slot = wc.wr_id as usize;
-        let Some(op) = self.ops.get_mut(slot).and_then(Option::take) else {
-            return; // Already failed and drained.
-        };
-        self.free_ops.push(slot);
-        self.tx_free += 1;
-        self.outstanding = self.outstanding.saturating_sub(1);
-        if let Some(s) = op.seg {
-            self.free_segs.push(s);
-        }
+        let seq = wc.wr_id;
         if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
-            let e = self.wc_error(op.what, wc);
-            let (kind, err) = (op.kind, e.clone());
-            match kind {
-                Kind::Comp(Some(c)) | Kind::GetBcopy(c, _) | Kind::Fetch(c, _) => {
-                    c.finish(Err(err))
+            let what = self
+                .ops
+                .iter()
+                .find(|(s, _)| *s == seq)
+                .map_or("an operation", |(_, op)| op.what);
+            let e = self.wc_error(what, wc);
+            self.fail(e);
+            return;
+        }
+        // This completion completes every operation up to it.
+        while self.ops.front().is_some_and(|(s, _)| *s <= seq) {
+            let Some((s, op)) = self.ops.pop_front() else {
+                break;
+            };
+            self.tx_free += 1;
+            self.outstanding = self.outstanding.saturating_sub(1);
+            if s == seq && wc.opcode != op.expect {
+                let e = UctError::Protocol(format!(
+                    "rc {}: {} completed with opcode {}, expected {}",
+                    self.dev, op.what, wc.opcode, op.expect
+                ));
+                if let Some(seg) = op.seg {
+                    self.free_segs.push(seg);
                 }
-                _ => {}
+                self.fail(e);
+                return;
             }
-            self.fail(e);
-            return;
-        }
-        if wc.opcode != op.expect {
-            let e = UctError::Protocol(format!(
-                "rc {}: {} completed with opcode {}, expected {}",
-                self.dev, op.what, wc.opcode, op.expect
-            ));
-            self.fail(e);
-            return;
-        }
-        match op.kind {
-            Kind::Plain | Kind::Comp(None) => {}
-            Kind::Comp(Some(c)) => c.finish(Ok(())),
-            Kind::GetBcopy(c, seg) => {
-                let len = wc.byte_len as usize;
-                let mut data = vec![0u8; len.min(SEG)];
-                let _ = self.bounce.read(seg * SEG, &mut data);
-                c.set_data(CompletionData::Bytes(data));
-                c.finish(Ok(()));
+            match op.kind {
+                Kind::Plain | Kind::Comp(None) => {}
+                Kind::Comp(Some(c)) => c.finish(Ok(())),
+                Kind::GetBcopy(c, seg) => {
+                    let len = wc.byte_len as usize;
+                    let mut data = vec![0u8; len.min(SEG)];
+                    let _ = self.bounce.read(seg * SEG, &mut data);
+                    c.set_data(CompletionData::Bytes(data));
+                    c.finish(Ok(()));
+                }
+                Kind::Fetch(c, seg) => {
+                    let mut b = [0u8; 8];
+                    let _ = self.bounce.read(seg * SEG, &mut b);
+                    c.set_data(CompletionData::Value(u64::from_ne_bytes(b)));
+                    c.finish(Ok(()));
+                }
             }
-            Kind::Fetch(c, seg) => {
-                let mut b = [0u8; 8];
-                let _ = self.bounce.read(seg * SEG, &mut b);
-                c.set_data(CompletionData::Value(u64::from_ne_bytes(b)));
-                c.finish(Ok(()));
+            if let Some(seg) = op.seg {
+                self.free_segs.push(seg);
             }
         }
         if self.outstanding == 0 {
@@ -322,42 +368,68 @@ impl EpInner {
         self.bounce.addr() + (seg * SEG) as u64
     }
 
-    /// Posts `wr` (signalled, fenced if a fence is pending) for `op`.
-    fn post(&mut self, wr: &mut ibv_send_wr, op: Op) -> Result<()> {
-        let slot = match self.free_ops.pop() {
-            Some(s) => s,
-            None => {
-                self.ops.push(None);
-                self.ops.len() - 1
-            }
-        };
-        wr.wr_id = slot as u64;
-        wr.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+    /// Posts `wr` for `op`, fenced if a fence is pending. It is signalled
+    /// when the op needs its own completion, every MODERATION posts, when
+    /// credits or bounce segments run low, or when `force` says so.
+    fn post_with(&mut self, wr: &mut ibv_send_wr, op: Op, force: bool) -> Result<()> {
+        let needs = !matches!(op.kind, Kind::Plain | Kind::Comp(None));
+        let signal = force
+            || needs
+            || self.since_signal + 1 >= MODERATION
+            || self.tx_free <= MODERATION
+            || self.free_segs.len() < MODERATION as usize;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        wr.wr_id = seq;
+        if signal {
+            wr.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
         if std::mem::take(&mut self.fence) {
             wr.send_flags |= ibv_send_flags::IBV_SEND_FENCE.0;
         }
         if let Err(e) = self.qp.post_send(wr) {
-            self.free_ops.push(slot);
             if let Some(s) = op.seg {
                 self.free_segs.push(s);
             }
             return Err(e);
         }
-        self.ops[slot] = Some(op);
+        self.since_signal = if signal { 0 } else { self.since_signal + 1 };
+        self.tail_signaled = signal;
+        self.ops.push_back((seq, op));
         self.tx_free -= 1;
         if self.outstanding == 0 {
-            // The clock for the peer timeout starts with the first op.
-            self.last_completion = Instant::now();
+            // The peer timeout counts from the first op outstanding.
+            self.saw_progress = true;
         }
         self.outstanding += 1;
         Ok(())
     }
-}
 
-#[allow(clippy::uninit_assumed_init)]
-fn unsafe_zeroed_wcs() -> [ibv_wc; 16] {
-    // SAFETY: ibv_wc is plain data; all zeroes is a valid value.
-    unsafe { std::mem::zeroed() }
+    fn post(&mut self, wr: &mut ibv_send_wr, op: Op) -> Result<()> {
+        self.post_with(wr, op, false)
+    }
+
+    /// Makes the last posted operation's completion visible: a signalled
+    /// empty send the peer drops (immediate NOP_ID). Ok(false): no credit.
+    fn signal_tail(&mut self) -> Result<bool> {
+        if self.tail_signaled {
+            return Ok(true);
+        }
+        if self.tx_free == 0 {
+            return Ok(false);
+        }
+        let mut wr = empty_wr(ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, &mut []);
+        wr.imm_data_invalidated_rkey_union.imm_data = (NOP_ID as u32).to_be();
+        let op = Op {
+            kind: Kind::Plain,
+            seg: None,
+            _keep: Vec::new(),
+            expect: ibv_wc_opcode::IBV_WC_SEND,
+            what: "flush",
+        };
+        self.post_with(&mut wr, op, true)?;
+        Ok(true)
+    }
 }
 
 fn empty_wr(opcode: ibv_wr_opcode::Type, sges: &mut [ibv_sge]) -> ibv_send_wr {
@@ -417,6 +489,16 @@ impl RcEp {
 
     fn key(rkey: &RemoteKey) -> Result<&IbRkey> {
         rkey.downcast::<IbRkey>("rc")
+    }
+
+    fn check_id(id: u8) -> Result<()> {
+        if id as usize >= uct_core::iface::AM_ID_MAX {
+            return Err(UctError::InvalidParam(format!(
+                "active message id {id} is not below {}",
+                uct_core::iface::AM_ID_MAX
+            )));
+        }
+        Ok(())
     }
 
     fn check_size(what: &str, len: usize, max: usize) -> Result<()> {
@@ -695,6 +777,7 @@ impl Endpoint for RcEp {
     }
 
     fn am_short(&mut self, id: u8, header: u64, payload: &[u8]) -> Result<Status> {
+        Self::check_id(id)?;
         Self::check_size("am_short", payload.len() + 8, SEG)?;
         self.send_copy(
             ibv_wr_opcode::IBV_WR_SEND_WITH_IMM,
@@ -706,6 +789,7 @@ impl Endpoint for RcEp {
     }
 
     fn am_bcopy(&mut self, id: u8, data: &[u8]) -> Result<Status> {
+        Self::check_id(id)?;
         Self::check_size("am_bcopy", data.len(), SEG)?;
         self.send_copy(
             ibv_wr_opcode::IBV_WR_SEND_WITH_IMM,
@@ -723,6 +807,7 @@ impl Endpoint for RcEp {
         iov: &[Iov<'_>],
         comp: Option<&Completion>,
     ) -> Result<Status> {
+        Self::check_id(id)?;
         Self::check_size("am_zcopy header", header.len(), 128)?;
         let (iov_sges, keep, total) = self.sges(iov)?;
         Self::check_size("am_zcopy", header.len() + total, SEG)?;
@@ -844,6 +929,9 @@ impl Endpoint for RcEp {
         }
         if g.outstanding == 0 {
             return Ok(Status::Done);
+        }
+        if !g.signal_tail()? {
+            return Ok(Status::NoResource);
         }
         if let Some(c) = comp {
             c.start();
