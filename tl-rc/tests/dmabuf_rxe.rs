@@ -1,0 +1,149 @@
+//! A real DMA-buf (from vgem, the kernel's virtual GEM exporter) offered to
+//! md-ib on a NIC that cannot import DMA-bufs (Soft-RoCE) is refused with a
+//! message that says so, and such a NIC does not advertise REG_DMABUF.
+//! Runs where an RDMA device and vgem exist (inside scripts/rxe-vm); skipped
+//! elsewhere, with the reason.
+
+use std::fs::OpenOptions;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use md_ib::verbs::Context;
+use md_ib::IbMd;
+use uct_core::{Access, MdFlags, MemoryDomain, UctError};
+
+#[repr(C)]
+#[derive(Default)]
+struct CreateDumb {
+    height: u32,
+    width: u32,
+    bpp: u32,
+    flags: u32,
+    handle: u32,
+    pitch: u32,
+    size: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct PrimeHandle {
+    handle: u32,
+    flags: u32,
+    fd: i32,
+}
+
+const DRM_IOCTL_MODE_CREATE_DUMB: libc::c_ulong = 0xC020_64B2;
+const DRM_IOCTL_PRIME_HANDLE_TO_FD: libc::c_ulong = 0xC00C_642D;
+
+/// The DRM node of vgem, if the module is loaded.
+fn vgem_node() -> Option<std::path::PathBuf> {
+    for e in std::fs::read_dir("/sys/class/drm").ok()?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("card") || name.contains('-') {
+            continue;
+        }
+        // vgem is a platform device named vgem (it may have no driver link).
+        let dev = std::fs::read_link(e.path().join("device")).ok();
+        let drv = std::fs::read_link(e.path().join("device/driver")).ok();
+        if [dev, drv]
+            .iter()
+            .flatten()
+            .any(|p| p.file_name().is_some_and(|d| d == "vgem"))
+        {
+            return Some(std::path::Path::new("/dev/dri").join(name));
+        }
+    }
+    None
+}
+
+/// A 1 MiB dumb buffer from vgem, exported as a DMA-buf fd.
+fn vgem_dmabuf() -> Result<(OwnedFd, u64), Failed> {
+    let node = vgem_node().ok_or("vgem is not loaded")?;
+    let card = OpenOptions::new().read(true).write(true).open(&node)?;
+    let mut c = CreateDumb {
+        height: 256,
+        width: 1024,
+        bpp: 32,
+        ..Default::default()
+    };
+    // SAFETY: a DRM fd and the struct the ioctl expects.
+    if unsafe { libc::ioctl(card.as_raw_fd(), DRM_IOCTL_MODE_CREATE_DUMB, &mut c) } != 0 {
+        return Err(format!(
+            "DRM_IOCTL_MODE_CREATE_DUMB: {}",
+            std::io::Error::last_os_error()
+        )
+        .into());
+    }
+    let mut p = PrimeHandle {
+        handle: c.handle,
+        flags: (libc::O_RDWR | libc::O_CLOEXEC) as u32,
+        fd: -1,
+    };
+    // SAFETY: as above.
+    if unsafe { libc::ioctl(card.as_raw_fd(), DRM_IOCTL_PRIME_HANDLE_TO_FD, &mut p) } != 0
+        || p.fd < 0
+    {
+        return Err(format!(
+            "DRM_IOCTL_PRIME_HANDLE_TO_FD: {}",
+            std::io::Error::last_os_error()
+        )
+        .into());
+    }
+    // SAFETY: the ioctl returned a new fd we now own.
+    Ok((unsafe { OwnedFd::from_raw_fd(p.fd) }, c.size))
+}
+
+fn refused(dev: String) -> Result<(), Failed> {
+    let md = IbMd::open("ib", &dev)?;
+    if md.supports_dmabuf() {
+        println!("dmabuf_rxe: {dev} imports DMA-bufs; nothing to refuse");
+        return Ok(());
+    }
+    if md.attrs().flags.contains(MdFlags::REG_DMABUF) {
+        return Err(format!("{dev} cannot import DMA-bufs but advertises REG_DMABUF").into());
+    }
+    let (fd, size) = vgem_dmabuf()?;
+    let e = match md.register_dmabuf(fd.as_fd(), 0, size as usize, 0x1000_0000, Access::all()) {
+        Ok(_) => return Err("a DMA-buf was registered on a NIC that cannot import them".into()),
+        Err(e) => e,
+    };
+    let msg = e.to_string();
+    if !matches!(e, UctError::Unsupported { .. })
+        || !msg.contains("cannot import DMA-buf")
+        || !msg.contains("mlx5")
+    {
+        return Err(format!("unexpected refusal: {msg}").into());
+    }
+    println!("dmabuf_rxe: {dev} refused the vgem DMA-buf: {msg}");
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let devices = Context::device_names();
+    let mut trials = Vec::new();
+    match (devices.first(), vgem_node()) {
+        (Some(dev), Some(_)) => {
+            let dev = dev.clone();
+            trials.push(Trial::test(
+                "vgem_dmabuf_refused_by_a_nic_without_dmabuf",
+                move || refused(dev),
+            ));
+        }
+        (None, _) => {
+            println!("dmabuf_rxe: SKIPPED: no RDMA device here (scripts/rxe-vm runs this with Soft-RoCE)");
+            trials.push(
+                Trial::test("vgem_dmabuf_refused_by_a_nic_without_dmabuf", || Ok(()))
+                    .with_ignored_flag(true),
+            );
+        }
+        (Some(_), None) => {
+            println!("dmabuf_rxe: SKIPPED: vgem is not loaded (modprobe vgem)");
+            trials.push(
+                Trial::test("vgem_dmabuf_refused_by_a_nic_without_dmabuf", || Ok(()))
+                    .with_ignored_flag(true),
+            );
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
