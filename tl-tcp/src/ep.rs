@@ -4,11 +4,10 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use uct_core::memory::iov_total;
+use uct_core::memory::check_host_iov;
 use uct_core::region_table::SoftRkey;
 use uct_core::{
-    AtomicValue, Completion, Endpoint, FetchOp, Iov, MemHandle, MemoryType, RemoteKey, Result,
-    Status, UctError,
+    AtomicValue, Completion, Endpoint, FetchOp, Iov, MemHandle, RemoteKey, Result, Status, UctError,
 };
 
 use crate::conn::Payload;
@@ -76,22 +75,7 @@ impl TcpEp {
     }
 
     fn iov_list(iov: &[Iov<'_>], max: usize) -> Result<Vec<(MemHandle, usize, usize)>> {
-        if iov.len() > MAX_IOV {
-            return Err(UctError::InvalidParam(format!(
-                "{} iov entries, tcp takes at most {MAX_IOV}",
-                iov.len()
-            )));
-        }
-        for e in iov {
-            if e.mem.mem_type() != MemoryType::Host {
-                return Err(UctError::MemoryTypeUnsupported {
-                    mem_type: e.mem.mem_type(),
-                    owner: "transport tcp".into(),
-                    hint: "it moves host memory only; an RDMA NIC with DMA-buf support (rc over mlx5, efa, irdma, bnxt_re) is needed for device memory".into(),
-                });
-            }
-        }
-        Self::check_size("zcopy", iov_total(iov)?, max)?;
+        check_host_iov(iov, "tcp", MAX_IOV, max)?;
         Ok(iov
             .iter()
             .map(|e| (e.mem.clone(), e.offset, e.len))

@@ -7,11 +7,11 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use uct_core::atomic_ops::{check_aligned, fetch_at};
 use uct_core::region_table::{RegionTable, SoftRkey};
-use uct_core::{Access, Completion, CompletionData, MemHandle, UctError};
+use uct_core::{Access, AtomicValue, Completion, CompletionData, FetchOp, MemHandle, UctError};
 
 use crate::conn::{Conn, Payload};
 use crate::wire::{Header, Parsed, WireAtomic, WireError, WireKey};
@@ -498,45 +498,25 @@ fn atomic(
     op: WireAtomic,
     value: u64,
 ) -> Result<u64> {
-    if width != 4 && width != 8 {
-        return Err(UctError::InvalidParam(format!("atomic width {width}")));
-    }
-    if !addr.is_multiple_of(width as u64) {
-        return Err(UctError::Misaligned {
-            addr,
-            align: width as u64,
-        });
-    }
+    let val = |v: u64| match width {
+        4 => Ok(AtomicValue::U32(v as u32)),
+        8 => Ok(AtomicValue::U64(v)),
+        w => Err(UctError::InvalidParam(format!("atomic width {w}"))),
+    };
+    let fop = match op {
+        WireAtomic::Add | WireAtomic::FetchAdd => FetchOp::Add(val(value)?),
+        WireAtomic::Swap => FetchOp::Swap(val(value)?),
+        WireAtomic::CompareSwap { compare } => FetchOp::CompareSwap {
+            compare: val(compare)?,
+            swap: val(value)?,
+        },
+    };
+    check_aligned(addr, width as usize)?;
     table.access(&key(k), addr, width as u64, Access::REMOTE_ATOMIC, |p| {
-        if width == 4 {
-            // SAFETY: the table checked a live 4-byte range granting atomic
-            // access; alignment was checked above.
-            let a = unsafe { AtomicU32::from_ptr(p as *mut u32) };
-            let v = value as u32;
-            (match op {
-                WireAtomic::Add | WireAtomic::FetchAdd => a.fetch_add(v, Ordering::SeqCst),
-                WireAtomic::Swap => a.swap(v, Ordering::SeqCst),
-                WireAtomic::CompareSwap { compare } => {
-                    match a.compare_exchange(compare as u32, v, Ordering::SeqCst, Ordering::SeqCst)
-                    {
-                        Ok(x) | Err(x) => x,
-                    }
-                }
-            }) as u64
-        } else {
-            // SAFETY: as above for 8 bytes.
-            let a = unsafe { AtomicU64::from_ptr(p as *mut u64) };
-            match op {
-                WireAtomic::Add | WireAtomic::FetchAdd => a.fetch_add(value, Ordering::SeqCst),
-                WireAtomic::Swap => a.swap(value, Ordering::SeqCst),
-                WireAtomic::CompareSwap { compare } => {
-                    match a.compare_exchange(compare, value, Ordering::SeqCst, Ordering::SeqCst) {
-                        Ok(x) | Err(x) => x,
-                    }
-                }
-            }
-        }
-    })
+        // SAFETY: the table checked a live word granting atomic access;
+        // alignment was checked above.
+        unsafe { fetch_at(p, fop) }
+    })?
 }
 
 /// Executes one request from the peer and returns its reply, if it has one.

@@ -10,6 +10,7 @@
 //! - The `self` transport (loopback in one process) and the host memory MD
 //!   live here; configuration, logging and the bootstrap channel too.
 
+pub mod atomic_ops;
 pub mod bootstrap;
 pub mod completion;
 pub mod component;

@@ -281,3 +281,34 @@ pub fn iov_total(iov: &[Iov<'_>]) -> Result<usize> {
     }
     Ok(total)
 }
+
+/// Checks a zero-copy iov list for a transport that moves host memory
+/// only: at most `max_iov` entries, all host memory, each inside its
+/// handle, at most `max_total` bytes in all. Returns the total.
+pub fn check_host_iov(
+    iov: &[Iov<'_>],
+    transport: &str,
+    max_iov: usize,
+    max_total: usize,
+) -> Result<usize> {
+    if iov.len() > max_iov {
+        return Err(UctError::InvalidParam(format!(
+            "{} iov entries, {transport} takes at most {max_iov}",
+            iov.len()
+        )));
+    }
+    if let Some(e) = iov.iter().find(|e| e.mem.mem_type() != MemoryType::Host) {
+        return Err(UctError::MemoryTypeUnsupported {
+            mem_type: e.mem.mem_type(),
+            owner: format!("transport {transport}"),
+            hint: "it moves host memory only; an RDMA NIC with DMA-buf support (rc over mlx5, efa, irdma, bnxt_re) is needed for device memory".into(),
+        });
+    }
+    let total = iov_total(iov)?;
+    if total > max_total {
+        return Err(UctError::InvalidParam(format!(
+            "zcopy of {total} bytes exceeds {transport}'s {max_total}-byte limit; use smaller pieces"
+        )));
+    }
+    Ok(total)
+}

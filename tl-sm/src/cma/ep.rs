@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use uct_core::memory::iov_total;
+use uct_core::memory::check_host_iov;
 use uct_core::{
-    Access, AtomicValue, Completion, CompletionData, Endpoint, FetchOp, Iov, MemoryType, RemoteKey,
-    Result, Status, UctError,
+    Access, AtomicValue, Completion, CompletionData, Endpoint, FetchOp, Iov, RemoteKey, Result,
+    Status, UctError,
 };
 
 use super::iface::{MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
@@ -63,23 +63,7 @@ impl CmaEp {
     }
 
     fn pieces(iov: &[Iov<'_>]) -> Result<(Vec<(*mut u8, usize)>, usize)> {
-        if iov.len() > MAX_IOV {
-            return Err(UctError::InvalidParam(format!(
-                "{} iov entries, cma takes at most {MAX_IOV}",
-                iov.len()
-            )));
-        }
-        for e in iov {
-            if e.mem.mem_type() != MemoryType::Host {
-                return Err(UctError::MemoryTypeUnsupported {
-                    mem_type: e.mem.mem_type(),
-                    owner: "transport cma".into(),
-                    hint: "it moves host memory only; an RDMA NIC with DMA-buf support (rc over mlx5, efa, irdma, bnxt_re) is needed for device memory".into(),
-                });
-            }
-        }
-        let total = iov_total(iov)?;
-        Self::check_size("zcopy", total, MAX_ZCOPY)?;
+        let total = check_host_iov(iov, "cma", MAX_IOV, MAX_ZCOPY)?;
         let v = iov
             .iter()
             .map(|e| e.mem.host_ptr(e.offset, e.len).map(|p| (p, e.len)))

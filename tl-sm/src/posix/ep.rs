@@ -2,13 +2,14 @@
 //! their rkeys, after checking the owner's header; active messages into
 //! the peer's ring.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use uct_core::memory::iov_total;
+use uct_core::atomic_ops::{check_aligned, fetch_at};
+use uct_core::memory::check_host_iov;
 use uct_core::{
-    Access, AtomicValue, Completion, CompletionData, Endpoint, FetchOp, Iov, MemoryType, RemoteKey,
-    Result, Status, UctError,
+    Access, AtomicValue, Completion, CompletionData, Endpoint, FetchOp, Iov, RemoteKey, Result,
+    Status, UctError,
 };
 
 use super::fifo::{Push, Ring, SLOT_DATA};
@@ -91,24 +92,7 @@ impl PosixEp {
     }
 
     fn check_iov(iov: &[Iov<'_>], max: usize) -> Result<usize> {
-        if iov.len() > MAX_IOV {
-            return Err(UctError::InvalidParam(format!(
-                "{} iov entries, posix takes at most {MAX_IOV}",
-                iov.len()
-            )));
-        }
-        for e in iov {
-            if e.mem.mem_type() != MemoryType::Host {
-                return Err(UctError::MemoryTypeUnsupported {
-                    mem_type: e.mem.mem_type(),
-                    owner: "transport posix".into(),
-                    hint: "it moves host memory only; an RDMA NIC with DMA-buf support (rc over mlx5, efa, irdma, bnxt_re) is needed for device memory".into(),
-                });
-            }
-        }
-        let total = iov_total(iov)?;
-        Self::check_size("zcopy", total, max)?;
-        Ok(total)
+        check_host_iov(iov, "posix", MAX_IOV, max)
     }
 
     fn write(&self, data: &[u8], addr: u64, rkey: &RemoteKey) -> Result<Status> {
@@ -150,33 +134,13 @@ impl PosixEp {
         }
     }
 
-    fn atomic(
-        &self,
-        width: usize,
-        addr: u64,
-        rkey: &RemoteKey,
-        op: impl FnOnce(*mut u8) -> u64,
-    ) -> Result<u64> {
-        if !addr.is_multiple_of(width as u64) {
-            return Err(UctError::Misaligned {
-                addr,
-                align: width as u64,
-            });
-        }
-        let p = self.target(rkey, addr, width, Access::REMOTE_ATOMIC)?;
-        Ok(op(p))
+    fn atomic(&self, op: FetchOp, addr: u64, rkey: &RemoteKey) -> Result<u64> {
+        check_aligned(addr, op.width())?;
+        let p = self.target(rkey, addr, op.width(), Access::REMOTE_ATOMIC)?;
+        // SAFETY: a checked, aligned word in a live shared mapping (segment
+        // data is page-aligned in every process).
+        unsafe { fetch_at(p, op) }
     }
-}
-
-fn a32<'a>(p: *mut u8) -> &'a AtomicU32 {
-    // SAFETY: callers pass a checked, 4-byte aligned address in a live
-    // shared mapping (segment data is page-aligned in every process).
-    unsafe { AtomicU32::from_ptr(p as *mut u32) }
-}
-
-fn a64<'a>(p: *mut u8) -> &'a AtomicU64 {
-    // SAFETY: as for a32, 8-byte aligned.
-    unsafe { AtomicU64::from_ptr(p as *mut u64) }
 }
 
 impl Endpoint for PosixEp {
@@ -282,10 +246,7 @@ impl Endpoint for PosixEp {
         remote_addr: u64,
         rkey: &RemoteKey,
     ) -> Result<Status> {
-        self.atomic(value.width(), remote_addr, rkey, |p| match value {
-            AtomicValue::U32(v) => a32(p).fetch_add(v, Ordering::SeqCst) as u64,
-            AtomicValue::U64(v) => a64(p).fetch_add(v, Ordering::SeqCst),
-        })?;
+        self.atomic(FetchOp::Add(value), remote_addr, rkey)?;
         Ok(Status::Done)
     }
 
@@ -296,34 +257,7 @@ impl Endpoint for PosixEp {
         rkey: &RemoteKey,
         comp: &Completion,
     ) -> Result<Status> {
-        use AtomicValue::{U32, U64};
-        if let FetchOp::CompareSwap { compare, swap } = op {
-            if compare.width() != swap.width() {
-                return Err(UctError::InvalidParam(
-                    "compare and swap values must have the same width".into(),
-                ));
-            }
-        }
-        let old = self.atomic(op.width(), remote_addr, rkey, |p| match op {
-            FetchOp::Add(U32(v)) => a32(p).fetch_add(v, Ordering::SeqCst) as u64,
-            FetchOp::Add(U64(v)) => a64(p).fetch_add(v, Ordering::SeqCst),
-            FetchOp::Swap(U32(v)) => a32(p).swap(v, Ordering::SeqCst) as u64,
-            FetchOp::Swap(U64(v)) => a64(p).swap(v, Ordering::SeqCst),
-            FetchOp::CompareSwap {
-                compare: U32(c),
-                swap: U32(s),
-            } => match a32(p).compare_exchange(c, s, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(v) | Err(v) => v as u64,
-            },
-            FetchOp::CompareSwap {
-                compare: U64(c),
-                swap: U64(s),
-            } => match a64(p).compare_exchange(c, s, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(v) | Err(v) => v,
-            },
-            // Mixed widths were refused above.
-            FetchOp::CompareSwap { .. } => u64::MAX,
-        })?;
+        let old = self.atomic(op, remote_addr, rkey)?;
         comp.set_data(CompletionData::Value(old));
         Ok(Status::Done)
     }

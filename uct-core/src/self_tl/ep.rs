@@ -1,16 +1,16 @@
 //! The self endpoint: every operation executes at once against the target
 //! iface's region table and AM queue.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use super::iface::{SelfShared, MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT};
 use super::SELF_AM_QUEUE_LEN;
+use crate::atomic_ops::{check_aligned, fetch_at};
 use crate::completion::{Completion, CompletionData, Status};
 use crate::ep::{AtomicValue, Endpoint, FetchOp};
 use crate::error::{Result, UctError};
 use crate::iface::AM_ID_MAX;
-use crate::memory::{iov_total, Access, Iov, MemoryType};
+use crate::memory::{check_host_iov, Access, Iov};
 use crate::region_table::SoftRkey;
 use crate::rkey::RemoteKey;
 
@@ -45,23 +45,7 @@ impl SelfEp {
     }
 
     fn check_iov(&self, iov: &[Iov<'_>]) -> Result<usize> {
-        if iov.len() > MAX_IOV {
-            return Err(UctError::InvalidParam(format!(
-                "{} iov entries, {} takes at most {MAX_IOV}",
-                iov.len(),
-                self.tl_name
-            )));
-        }
-        for e in iov {
-            if e.mem.mem_type() != MemoryType::Host {
-                return Err(UctError::MemoryTypeUnsupported {
-                    mem_type: e.mem.mem_type(),
-                    owner: format!("transport {}", self.tl_name),
-                    hint: "it moves host memory only; use rc with a DMA-buf capable NIC for device memory".into(),
-                });
-            }
-        }
-        iov_total(iov)
+        check_host_iov(iov, self.tl_name, MAX_IOV, usize::MAX)
     }
 
     /// Copies `data` into the target region.
@@ -125,35 +109,23 @@ impl SelfEp {
         Ok(Status::Done)
     }
 
-    fn atomic(
-        &self,
-        width: usize,
-        remote_addr: u64,
-        rkey: &RemoteKey,
-        op: impl FnOnce(*mut u8) -> u64,
-    ) -> Result<u64> {
-        if !remote_addr.is_multiple_of(width as u64) {
-            return Err(UctError::Misaligned {
-                addr: remote_addr,
-                align: width as u64,
-            });
-        }
+    /// Runs a fetching atomic on the target word, every access check first.
+    fn atomic(&self, op: FetchOp, remote_addr: u64, rkey: &RemoteKey) -> Result<u64> {
+        check_aligned(remote_addr, op.width())?;
         let key = self.key(rkey)?;
         let t = self.target()?;
-        t.table
-            .access(key, remote_addr, width as u64, Access::REMOTE_ATOMIC, op)
+        t.table.access(
+            key,
+            remote_addr,
+            op.width() as u64,
+            Access::REMOTE_ATOMIC,
+            |p| {
+                // SAFETY: the table checked a live word granting atomic access;
+                // alignment was checked above.
+                unsafe { fetch_at(p, op) }
+            },
+        )?
     }
-}
-
-fn atomic_u32<'a>(p: *mut u8) -> &'a AtomicU32 {
-    // SAFETY: callers pass a pointer the region table checked to be inside a
-    // live registered region, 4-byte aligned (checked in `atomic`).
-    unsafe { AtomicU32::from_ptr(p as *mut u32) }
-}
-
-fn atomic_u64<'a>(p: *mut u8) -> &'a AtomicU64 {
-    // SAFETY: as for atomic_u32, 8-byte aligned.
-    unsafe { AtomicU64::from_ptr(p as *mut u64) }
 }
 
 impl Endpoint for SelfEp {
@@ -272,10 +244,7 @@ impl Endpoint for SelfEp {
         remote_addr: u64,
         rkey: &RemoteKey,
     ) -> Result<Status> {
-        self.atomic(value.width(), remote_addr, rkey, |p| match value {
-            AtomicValue::U32(v) => atomic_u32(p).fetch_add(v, Ordering::SeqCst) as u64,
-            AtomicValue::U64(v) => atomic_u64(p).fetch_add(v, Ordering::SeqCst),
-        })?;
+        self.atomic(FetchOp::Add(value), remote_addr, rkey)?;
         Ok(Status::Done)
     }
 
@@ -286,35 +255,8 @@ impl Endpoint for SelfEp {
         rkey: &RemoteKey,
         comp: &Completion,
     ) -> Result<Status> {
-        use AtomicValue::{U32, U64};
-        if let FetchOp::CompareSwap { compare, swap } = op {
-            if compare.width() != swap.width() {
-                return Err(UctError::InvalidParam(
-                    "compare and swap values must have the same width".into(),
-                ));
-            }
-        }
-        let old = self.atomic(op.width(), remote_addr, rkey, |p| match op {
-            FetchOp::Add(U32(v)) => atomic_u32(p).fetch_add(v, Ordering::SeqCst) as u64,
-            FetchOp::Add(U64(v)) => atomic_u64(p).fetch_add(v, Ordering::SeqCst),
-            FetchOp::Swap(U32(v)) => atomic_u32(p).swap(v, Ordering::SeqCst) as u64,
-            FetchOp::Swap(U64(v)) => atomic_u64(p).swap(v, Ordering::SeqCst),
-            FetchOp::CompareSwap {
-                compare: U32(c),
-                swap: U32(s),
-            } => match atomic_u32(p).compare_exchange(c, s, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(v) | Err(v) => v as u64,
-            },
-            FetchOp::CompareSwap {
-                compare: U64(c),
-                swap: U64(s),
-            } => match atomic_u64(p).compare_exchange(c, s, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(v) | Err(v) => v,
-            },
-            // Mixed widths were refused above.
-            FetchOp::CompareSwap { .. } => u64::MAX,
-        });
-        comp.set_data(CompletionData::Value(old?));
+        let old = self.atomic(op, remote_addr, rkey)?;
+        comp.set_data(CompletionData::Value(old));
         Ok(Status::Done)
     }
 
