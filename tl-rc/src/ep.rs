@@ -502,12 +502,7 @@ impl RcEp {
     }
 
     fn check_size(what: &str, len: usize, max: usize) -> Result<()> {
-        if len > max {
-            return Err(UctError::InvalidParam(format!(
-                "{what} of {len} bytes exceeds rc's {max}-byte limit; use the zcopy variant or smaller pieces"
-            )));
-        }
-        Ok(())
+        uct_core::memory::check_size("rc", what, len, max)
     }
 
     fn sges(&self, iov: &[Iov<'_>]) -> Result<(Vec<ibv_sge>, Vec<MemHandle>, usize)> {
@@ -662,32 +657,7 @@ impl Endpoint for RcEp {
         rkey: &RemoteKey,
         comp: Option<&Completion>,
     ) -> Result<Status> {
-        let k = *Self::key(rkey)?;
-        let (mut sges, keep, total) = self.sges(iov)?;
-        k.precheck(remote_addr, total as u64, Access::REMOTE_WRITE)?;
-        let mut g = self.lock();
-        if !g.ready()? {
-            return Ok(Status::NoResource);
-        }
-        let mut wr = empty_wr(ibv_wr_opcode::IBV_WR_RDMA_WRITE, &mut sges);
-        set_rdma(&mut wr, remote_addr, k.rkey);
-        if let Some(c) = comp {
-            c.start();
-        }
-        let op = Op {
-            kind: Kind::Comp(comp.cloned()),
-            seg: None,
-            _keep: keep,
-            expect: ibv_wc_opcode::IBV_WC_RDMA_WRITE,
-            what: "put_zcopy",
-        };
-        if let Err(e) = g.post(&mut wr, op) {
-            if let Some(c) = comp {
-                c.finish(Err(e.clone()));
-            }
-            return Err(e);
-        }
-        Ok(Status::InProgress)
+        self.rdma_zcopy(RDMA_WRITE, iov, remote_addr, rkey, comp)
     }
 
     fn get_short(
@@ -748,32 +718,7 @@ impl Endpoint for RcEp {
         rkey: &RemoteKey,
         comp: Option<&Completion>,
     ) -> Result<Status> {
-        let k = *Self::key(rkey)?;
-        let (mut sges, keep, total) = self.sges(iov)?;
-        k.precheck(remote_addr, total as u64, Access::REMOTE_READ)?;
-        let mut g = self.lock();
-        if !g.ready()? {
-            return Ok(Status::NoResource);
-        }
-        let mut wr = empty_wr(ibv_wr_opcode::IBV_WR_RDMA_READ, &mut sges);
-        set_rdma(&mut wr, remote_addr, k.rkey);
-        if let Some(c) = comp {
-            c.start();
-        }
-        let op = Op {
-            kind: Kind::Comp(comp.cloned()),
-            seg: None,
-            _keep: keep,
-            expect: ibv_wc_opcode::IBV_WC_RDMA_READ,
-            what: "get_zcopy",
-        };
-        if let Err(e) = g.post(&mut wr, op) {
-            if let Some(c) = comp {
-                c.finish(Err(e.clone()));
-            }
-            return Err(e);
-        }
-        Ok(Status::InProgress)
+        self.rdma_zcopy(RDMA_READ, iov, remote_addr, rkey, comp)
     }
 
     fn am_short(&mut self, id: u8, header: u64, payload: &[u8]) -> Result<Status> {
@@ -999,7 +944,66 @@ impl Endpoint for RcEp {
     }
 }
 
+/// How an RDMA operation of each direction is posted and checked.
+struct RdmaKind {
+    opcode: ibv_wr_opcode::Type,
+    expect: ibv_wc_opcode::Type,
+    needed: Access,
+    what: &'static str,
+}
+
+const RDMA_WRITE: RdmaKind = RdmaKind {
+    opcode: ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+    expect: ibv_wc_opcode::IBV_WC_RDMA_WRITE,
+    needed: Access::REMOTE_WRITE,
+    what: "put_zcopy",
+};
+
+const RDMA_READ: RdmaKind = RdmaKind {
+    opcode: ibv_wr_opcode::IBV_WR_RDMA_READ,
+    expect: ibv_wc_opcode::IBV_WC_RDMA_READ,
+    needed: Access::REMOTE_READ,
+    what: "get_zcopy",
+};
+
 impl RcEp {
+    /// A zero-copy RDMA write or read of the iov list.
+    fn rdma_zcopy(
+        &mut self,
+        kind: RdmaKind,
+        iov: &[Iov<'_>],
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        comp: Option<&Completion>,
+    ) -> Result<Status> {
+        let k = *Self::key(rkey)?;
+        let (mut sges, keep, total) = self.sges(iov)?;
+        k.precheck(remote_addr, total as u64, kind.needed)?;
+        let mut g = self.lock();
+        if !g.ready()? {
+            return Ok(Status::NoResource);
+        }
+        let mut wr = empty_wr(kind.opcode, &mut sges);
+        set_rdma(&mut wr, remote_addr, k.rkey);
+        if let Some(c) = comp {
+            c.start();
+        }
+        let op = Op {
+            kind: Kind::Comp(comp.cloned()),
+            seg: None,
+            _keep: keep,
+            expect: kind.expect,
+            what: kind.what,
+        };
+        if let Err(e) = g.post(&mut wr, op) {
+            if let Some(c) = comp {
+                c.finish(Err(e.clone()));
+            }
+            return Err(e);
+        }
+        Ok(Status::InProgress)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn fetch(
         &mut self,

@@ -66,12 +66,7 @@ impl TcpEp {
     }
 
     fn check_size(what: &str, len: usize, max: usize) -> Result<()> {
-        if len > max {
-            return Err(UctError::InvalidParam(format!(
-                "{what} of {len} bytes exceeds tcp's {max}-byte limit; use the zcopy variant or smaller pieces"
-            )));
-        }
-        Ok(())
+        uct_core::memory::check_size("tcp", what, len, max)
     }
 
     fn iov_list(iov: &[Iov<'_>], max: usize) -> Result<Vec<(MemHandle, usize, usize)>> {

@@ -312,3 +312,13 @@ pub fn check_host_iov(
     }
     Ok(total)
 }
+
+/// Refuses a message longer than a transport's limit for its class.
+pub fn check_size(transport: &str, what: &str, len: usize, max: usize) -> Result<()> {
+    if len > max {
+        return Err(UctError::InvalidParam(format!(
+            "{what} of {len} bytes exceeds {transport}'s {max}-byte limit; use the zcopy variant or smaller pieces"
+        )));
+    }
+    Ok(())
+}

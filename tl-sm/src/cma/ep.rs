@@ -54,12 +54,7 @@ impl CmaEp {
     }
 
     fn check_size(what: &str, len: usize, max: usize) -> Result<()> {
-        if len > max {
-            return Err(UctError::InvalidParam(format!(
-                "{what} of {len} bytes exceeds cma's {max}-byte limit; use the zcopy variant or smaller pieces"
-            )));
-        }
-        Ok(())
+        uct_core::memory::check_size("cma", what, len, max)
     }
 
     fn pieces(iov: &[Iov<'_>]) -> Result<(Vec<(*mut u8, usize)>, usize)> {

@@ -83,12 +83,7 @@ impl PosixEp {
     }
 
     fn check_size(what: &str, len: usize, max: usize) -> Result<()> {
-        if len > max {
-            return Err(UctError::InvalidParam(format!(
-                "{what} of {len} bytes exceeds posix's {max}-byte limit; use the zcopy variant or smaller pieces"
-            )));
-        }
-        Ok(())
+        uct_core::memory::check_size("posix", what, len, max)
     }
 
     fn check_iov(iov: &[Iov<'_>], max: usize) -> Result<usize> {

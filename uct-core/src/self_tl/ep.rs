@@ -10,7 +10,7 @@ use crate::completion::{Completion, CompletionData, Status};
 use crate::ep::{AtomicValue, Endpoint, FetchOp};
 use crate::error::{Result, UctError};
 use crate::iface::AM_ID_MAX;
-use crate::memory::{check_host_iov, Access, Iov};
+use crate::memory::{check_host_iov, check_size, Access, Iov};
 use crate::region_table::SoftRkey;
 use crate::rkey::RemoteKey;
 
@@ -35,13 +35,7 @@ impl SelfEp {
     }
 
     fn check_size(&self, what: &str, len: usize, max: usize) -> Result<()> {
-        if len > max {
-            return Err(UctError::InvalidParam(format!(
-                "{what} of {len} bytes exceeds the {max}-byte limit of {}; use the zcopy variant or smaller pieces",
-                self.tl_name
-            )));
-        }
-        Ok(())
+        check_size(self.tl_name, what, len, max)
     }
 
     fn check_iov(&self, iov: &[Iov<'_>]) -> Result<usize> {
