@@ -81,6 +81,9 @@ pub enum UctError {
     #[error("protocol error from the peer: {0}; the connection was closed")]
     Protocol(String),
 
+    #[error("{device}: {message}")]
+    Device { device: String, message: String },
+
     #[error("out of memory: {0}")]
     NoMemory(String),
 

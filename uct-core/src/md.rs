@@ -75,6 +75,20 @@ pub trait MemoryDomain: Send + Sync {
 
     fn attrs(&self) -> MdAttrs;
 
+    /// One line about the device behind this MD (model, memory size, and
+    /// whether it is simulated), where there is more to say than the name.
+    fn description(&self) -> Option<String> {
+        None
+    }
+
+    /// Why this MD cannot register `mem_type` memory, where it knows (a NIC
+    /// whose driver cannot import DMA-buf says so and names NICs that can).
+    /// `None` when it can, or has nothing specific to say.
+    fn refusal(&self, mem_type: MemoryType) -> Option<String> {
+        let _ = mem_type;
+        None
+    }
+
     /// Allocates `len` bytes of `mem_type` memory, registered for `access`.
     fn alloc(&self, len: usize, mem_type: MemoryType, access: Access) -> Result<MemHandle> {
         let _ = (len, access);

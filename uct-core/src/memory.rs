@@ -103,6 +103,15 @@ impl fmt::Display for Access {
 pub trait MemBacking: Send + Sync + 'static {
     /// For the owning component's transports to reach their own state.
     fn as_any(&self) -> &dyn Any;
+
+    /// What the owning MD's `query` says about this region: device memory
+    /// answers with a DMA-buf fd the caller owns, so that another MD (a NIC)
+    /// can register it without knowing the owner's types. `None` where the
+    /// owner has nothing to add (host memory).
+    fn query(&self, region: &MemRegion) -> Option<Result<crate::md::MemInfo>> {
+        let _ = region;
+        None
+    }
 }
 
 /// A region of memory known to a memory domain: allocated by it or registered
@@ -161,6 +170,12 @@ impl MemRegion {
     }
     pub fn backing(&self) -> &dyn MemBacking {
         self.backing.as_ref()
+    }
+
+    /// Asks the MD that owns this region what it is (see
+    /// [`MemBacking::query`]).
+    pub fn query_owner(&self) -> Option<Result<crate::md::MemInfo>> {
+        self.backing.query(self)
     }
 
     /// Checks that `[offset, offset+len)` lies inside the region.

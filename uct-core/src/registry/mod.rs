@@ -358,6 +358,65 @@ impl Registry {
         out
     }
 
+    /// Every memory domain of every component, with or without transports.
+    /// Those that fail to open are remembered as in [`resources`](Self::resources).
+    pub fn memory_domains(&self) -> Vec<(Arc<dyn Component>, Arc<dyn MemoryDomain>)> {
+        let mut out = Vec::new();
+        for info in &self.components {
+            let comp = &info.component;
+            let names = match comp.md_names() {
+                Ok(m) => m,
+                Err(e) => {
+                    self.note_md_error(comp.name(), e.to_string());
+                    continue;
+                }
+            };
+            for md_name in names {
+                match comp.open_md(&md_name) {
+                    Ok(md) => out.push((comp.clone(), md)),
+                    Err(e) => {
+                        self.note_md_error(comp.name(), format!("memory domain {md_name}: {e}"))
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Opens memory domain `name` of whichever component has it.
+    pub fn open_md(&self, name: &str) -> Result<Arc<dyn MemoryDomain>> {
+        self.memory_domains()
+            .into_iter()
+            .find(|(_, md)| md.name() == name)
+            .map(|(_, md)| md)
+            .ok_or_else(|| {
+                let errs = self.md_errors();
+                UctError::NoDevice(format!(
+                    "memory domain {name} is not present{}",
+                    if errs.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " ({})",
+                            errs.iter()
+                                .map(|(c, m)| format!("component {c}: {m}"))
+                                .collect::<Vec<_>>()
+                                .join("; ")
+                        )
+                    }
+                ))
+            })
+    }
+
+    /// Why components found no memory domain or could not open one, as
+    /// (component, reason), collected so far.
+    pub fn md_errors(&self) -> Vec<(String, String)> {
+        self.md_errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     fn note_md_error(&self, component: &str, msg: String) {
         log::debug!("component {component}: {msg}");
         let mut errs = self.md_errors.lock().unwrap_or_else(|p| p.into_inner());

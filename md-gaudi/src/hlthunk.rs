@@ -1,0 +1,283 @@
+//! hl-thunk, loaded at run time: the function pointers md-gaudi calls, and
+//! thin wrappers that turn their return conventions into errno values.
+//! Nothing here checks the driver's rules; `device.rs` does.
+
+use std::ffi::{c_char, c_int, CStr};
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use libloading::Library;
+
+use crate::error::{GaudiError, Result};
+
+/// `enum hlthunk_device_name` values (hlthunk.h).
+pub mod device_name {
+    use std::ffi::c_int;
+    pub const GOYA: c_int = 0;
+    pub const GAUDI: c_int = 2;
+    pub const INVALID: c_int = 3;
+    pub const DONT_CARE: c_int = 4;
+    pub const GAUDI2: c_int = 5;
+
+    /// A name for a value read back from the driver.
+    pub fn label(v: c_int) -> String {
+        match v {
+            GOYA => "GOYA".into(),
+            GAUDI => "GAUDI".into(),
+            GAUDI2 => "GAUDI2".into(),
+            INVALID => "INVALID".into(),
+            // Newer devices (Gaudi 3) have values public headers lack.
+            other => format!("device type {other}"),
+        }
+    }
+}
+
+/// The default library name, found through the dynamic loader's path.
+pub const DEFAULT_LIB: &str = "libhl-thunk.so";
+
+/// `struct hlthunk_hw_ip_info` is larger than the fields we read; the
+/// library writes the whole struct, so give it generous room.
+const HW_IP_INFO_BYTES: usize = 4096;
+/// Offset of `dram_size`: after sram_base_address and dram_base_address.
+const HW_IP_DRAM_SIZE_OFFSET: usize = 16;
+
+type OpenFn = unsafe extern "C" fn(c_int, *const c_char) -> c_int;
+type FdFn = unsafe extern "C" fn(c_int) -> c_int;
+type CountFn = unsafe extern "C" fn(c_int) -> c_int;
+type BusIdFn = unsafe extern "C" fn(c_int, *mut c_char, c_int) -> c_int;
+type HwIpFn = unsafe extern "C" fn(c_int, *mut u8) -> c_int;
+type AllocFn = unsafe extern "C" fn(c_int, u64, u64, bool, bool) -> u64;
+type HandleFn = unsafe extern "C" fn(c_int, u64) -> c_int;
+type MapFn = unsafe extern "C" fn(c_int, u64, u64) -> u64;
+type ExportFn = unsafe extern "C" fn(c_int, u64, u64, u64, u32) -> c_int;
+type DescribeFn = unsafe extern "C" fn() -> *const c_char;
+
+/// The loaded library and the functions md-gaudi uses.
+pub struct HlThunk {
+    path: PathBuf,
+    open: OpenFn,
+    close: FdFn,
+    device_count: CountFn,
+    device_name_from_fd: FdFn,
+    pci_bus_id_from_fd: BusIdFn,
+    hw_ip_info: HwIpFn,
+    mem_alloc: AllocFn,
+    mem_free: HandleFn,
+    mem_map: MapFn,
+    unmap: HandleFn,
+    export_dmabuf: ExportFn,
+    /// Present only in the test double (libhlthunk_sim.so).
+    simulator: Option<String>,
+    /// Keeps the function pointers valid; never unloaded.
+    _lib: Library,
+}
+
+fn errno() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// hl-thunk's int returns: `-1` with errno set, or `-errno`.
+fn int_error(rc: c_int) -> io::Error {
+    if rc == -1 {
+        errno()
+    } else {
+        io::Error::from_raw_os_error(-rc)
+    }
+}
+
+impl HlThunk {
+    /// Loads the library at `path` (a bare name goes through the loader's
+    /// search path) and resolves every function.
+    pub fn load(path: &Path) -> Result<HlThunk> {
+        let shown = path.display().to_string();
+        // SAFETY: loading runs the library's initialisers; hl-thunk's (and
+        // the simulator's) have no preconditions.
+        let lib = unsafe { Library::new(path) }.map_err(|e| GaudiError::LibraryNotLoaded {
+            path: shown.clone(),
+            reason: e.to_string(),
+        })?;
+        macro_rules! sym {
+            ($name:literal, $ty:ty) => {{
+                // SAFETY: the symbol has the hl-thunk prototype named by
+                // $ty (hlthunk.h); the library outlives the copy.
+                let s = unsafe { lib.get::<$ty>(concat!($name, "\0").as_bytes()) };
+                *s.map_err(|_| GaudiError::MissingSymbol {
+                    path: shown.clone(),
+                    symbol: $name,
+                })?
+            }};
+        }
+        let simulator = {
+            // SAFETY: the simulator's describe function takes nothing and
+            // returns a static NUL-terminated string.
+            let s = unsafe { lib.get::<DescribeFn>(b"hlthunk_sim_describe\0") };
+            match s {
+                Ok(f) => {
+                    // SAFETY: as above.
+                    let p = unsafe { f() };
+                    Some(if p.is_null() {
+                        "hl-thunk simulator".to_string()
+                    } else {
+                        // SAFETY: a static NUL-terminated string.
+                        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+                    })
+                }
+                Err(_) => None,
+            }
+        };
+        Ok(HlThunk {
+            path: path.to_path_buf(),
+            open: sym!("hlthunk_open", OpenFn),
+            close: sym!("hlthunk_close", FdFn),
+            device_count: sym!("hlthunk_get_device_count", CountFn),
+            device_name_from_fd: sym!("hlthunk_get_device_name_from_fd", FdFn),
+            pci_bus_id_from_fd: sym!("hlthunk_get_pci_bus_id_from_fd", BusIdFn),
+            hw_ip_info: sym!("hlthunk_get_hw_ip_info", HwIpFn),
+            mem_alloc: sym!("hlthunk_device_memory_alloc", AllocFn),
+            mem_free: sym!("hlthunk_device_memory_free", HandleFn),
+            mem_map: sym!("hlthunk_device_memory_map", MapFn),
+            unmap: sym!("hlthunk_memory_unmap", HandleFn),
+            export_dmabuf: sym!("hlthunk_device_mapped_memory_export_dmabuf_fd", ExportFn),
+            simulator,
+            _lib: lib,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What the test double says it is; `None` for the real library.
+    pub fn simulator(&self) -> Option<&str> {
+        self.simulator.as_deref()
+    }
+
+    pub fn device_count(&self) -> c_int {
+        // SAFETY: plain int argument.
+        unsafe { (self.device_count)(device_name::DONT_CARE) }
+    }
+
+    /// Opens a device: the first free one, or the one at `bus_id`. The fd
+    /// is closed with [`close`](Self::close), never directly.
+    pub fn open(&self, bus_id: Option<&str>) -> io::Result<c_int> {
+        let c = bus_id
+            .map(std::ffi::CString::new)
+            .transpose()
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: null or a NUL-terminated string that outlives the call.
+        let fd = unsafe {
+            (self.open)(
+                device_name::DONT_CARE,
+                c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+            )
+        };
+        if fd < 0 {
+            Err(int_error(fd))
+        } else {
+            Ok(fd)
+        }
+    }
+
+    pub fn close(&self, fd: c_int) -> io::Result<()> {
+        // SAFETY: fd came from `open` and is closed once.
+        let rc = unsafe { (self.close)(fd) };
+        if rc < 0 {
+            Err(int_error(rc))
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn device_name(&self, fd: c_int) -> c_int {
+        // SAFETY: plain int argument.
+        unsafe { (self.device_name_from_fd)(fd) }
+    }
+
+    pub fn pci_bus_id(&self, fd: c_int) -> io::Result<String> {
+        let mut buf = [0 as c_char; 64];
+        // SAFETY: buf has the length we pass.
+        let rc = unsafe { (self.pci_bus_id_from_fd)(fd, buf.as_mut_ptr(), buf.len() as c_int) };
+        if rc < 0 {
+            return Err(int_error(rc));
+        }
+        buf[buf.len() - 1] = 0;
+        // SAFETY: NUL-terminated above at the latest.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+
+    /// `dram_size` from the hardware info.
+    pub fn dram_size(&self, fd: c_int) -> io::Result<u64> {
+        let mut buf = vec![0u8; HW_IP_INFO_BYTES];
+        // SAFETY: buf is larger than struct hlthunk_hw_ip_info.
+        let rc = unsafe { (self.hw_ip_info)(fd, buf.as_mut_ptr()) };
+        if rc < 0 {
+            return Err(int_error(rc));
+        }
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&buf[HW_IP_DRAM_SIZE_OFFSET..HW_IP_DRAM_SIZE_OFFSET + 8]);
+        Ok(u64::from_ne_bytes(b))
+    }
+
+    /// Returns the handle; errno on failure.
+    pub fn mem_alloc(&self, fd: c_int, size: u64, page_size: u64) -> io::Result<u64> {
+        // SAFETY: plain value arguments.
+        let h = unsafe { (self.mem_alloc)(fd, size, page_size, false, false) };
+        if h == 0 {
+            Err(errno())
+        } else {
+            Ok(h)
+        }
+    }
+
+    pub fn mem_free(&self, fd: c_int, handle: u64) -> io::Result<()> {
+        // SAFETY: plain value arguments.
+        let rc = unsafe { (self.mem_free)(fd, handle) };
+        if rc < 0 {
+            Err(int_error(rc))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Returns the device VA; errno on failure.
+    pub fn mem_map(&self, fd: c_int, handle: u64) -> io::Result<u64> {
+        // SAFETY: plain value arguments.
+        let va = unsafe { (self.mem_map)(fd, handle, 0) };
+        if va == 0 {
+            Err(errno())
+        } else {
+            Ok(va)
+        }
+    }
+
+    pub fn unmap(&self, fd: c_int, va: u64) -> io::Result<()> {
+        // SAFETY: plain value arguments.
+        let rc = unsafe { (self.unmap)(fd, va) };
+        if rc < 0 {
+            Err(int_error(rc))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Exports a DMA-buf; the caller owns the fd.
+    pub fn export_dmabuf(
+        &self,
+        fd: c_int,
+        addr: u64,
+        size: u64,
+        offset: u64,
+        flags: u32,
+    ) -> io::Result<OwnedFd> {
+        // SAFETY: plain value arguments.
+        let rc = unsafe { (self.export_dmabuf)(fd, addr, size, offset, flags) };
+        if rc < 0 {
+            return Err(int_error(rc));
+        }
+        // SAFETY: a new fd the library handed to us to own.
+        Ok(unsafe { OwnedFd::from_raw_fd(rc) })
+    }
+}

@@ -1,0 +1,442 @@
+//! **Test double.** A simulator of Intel Gaudi's user-space driver library,
+//! hl-thunk, built as `libhlthunk_sim.so`. There is no Gaudi on the machines
+//! this project is developed on; md-gaudi loads this library through
+//! `UCT_GAUDI_HLTHUNK_LIB` so that its code runs against the real hl-thunk
+//! prototypes and the real driver's rules. Nothing it does touches hardware,
+//! and everything it reports says it is simulated (the bus ids begin with
+//! `sim`, and `hlthunk_sim_describe` says what it is).
+//!
+//! What it simulates, per device: an exclusive open, DRAM of a fixed size
+//! (allocations count against it), allocations backed by memfd, mappings to
+//! device virtual addresses, and DMA-buf export with the kernel driver's
+//! checks: the address must be a mapped VA (not a handle), page-aligned;
+//! size at least a page and page-aligned; the offset page-aligned and
+//! `offset + size` inside the mapping; flags exactly `O_RDWR | O_CLOEXEC`.
+//! The exported fd is an `O_PATH` fd of the backing memfd, so that, as with
+//! a real Gaudi DMA-buf, the CPU cannot mmap, read or write it.
+//!
+//! Settings (environment, read once): `HLTHUNK_SIM_DEVICES` (default 2),
+//! `HLTHUNK_SIM_DRAM_MB` per device (default 16384).
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_char, c_int, CStr};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// `enum hlthunk_device_name` values.
+pub const HLTHUNK_DEVICE_GOYA: c_int = 0;
+pub const HLTHUNK_DEVICE_GAUDI: c_int = 2;
+pub const HLTHUNK_DEVICE_INVALID: c_int = 3;
+pub const HLTHUNK_DEVICE_DONT_CARE: c_int = 4;
+pub const HLTHUNK_DEVICE_GAUDI2: c_int = 5;
+
+/// The host page size the driver's export checks use.
+pub const PAGE: u64 = 4096;
+/// The simulated DRAM page: allocations are rounded up to it.
+pub const DRAM_PAGE: u64 = 2 << 20;
+/// Where device virtual addresses start; device N's range is offset by N<<40.
+pub const VA_BASE: u64 = 0x1001_0000_0000;
+
+const DESCRIPTION: &CStr =
+    c"hl-thunk simulator (test double from uct-rs test-suite; no Gaudi hardware)";
+
+struct Alloc {
+    size: u64,
+    memfd: OwnedFd,
+    maps: u32,
+}
+
+struct Mapping {
+    handle: u64,
+    size: u64,
+}
+
+struct Device {
+    bus_id: String,
+    dram_size: u64,
+    used: u64,
+    /// The fd of the process's open of this device, when open.
+    open_fd: Option<RawFd>,
+    next_handle: u64,
+    next_va: u64,
+    allocs: HashMap<u64, Alloc>,
+    maps: BTreeMap<u64, Mapping>,
+}
+
+impl Device {
+    /// Frees everything, as the driver does when the device fd is closed.
+    fn release(&mut self) {
+        self.maps.clear();
+        self.allocs.clear();
+        self.used = 0;
+        self.open_fd = None;
+    }
+}
+
+struct Sim {
+    devices: Vec<Device>,
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+fn sim() -> MutexGuard<'static, Sim> {
+    static SIM: OnceLock<Mutex<Sim>> = OnceLock::new();
+    SIM.get_or_init(|| {
+        let n = env_u64("HLTHUNK_SIM_DEVICES", 2).min(16);
+        let dram = env_u64("HLTHUNK_SIM_DRAM_MB", 16384) << 20;
+        Mutex::new(Sim {
+            devices: (0..n)
+                .map(|i| Device {
+                    bus_id: format!("sim0:{:02x}:00.0", i + 1),
+                    dram_size: dram,
+                    used: 0,
+                    open_fd: None,
+                    next_handle: 1,
+                    next_va: VA_BASE + (i << 40),
+                    allocs: HashMap::new(),
+                    maps: BTreeMap::new(),
+                })
+                .collect(),
+        })
+    })
+    .lock()
+    .unwrap_or_else(|p| p.into_inner())
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Fails a call that returns an int: -errno, with errno set too.
+fn fail(e: c_int) -> c_int {
+    set_errno(e);
+    -e
+}
+
+fn device_of(s: &mut Sim, fd: c_int) -> Option<&mut Device> {
+    s.devices.iter_mut().find(|d| d.open_fd == Some(fd))
+}
+
+fn memfd(name: &str) -> Option<OwnedFd> {
+    let cname = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a valid C string; the returned fd is new and ours.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn name_matches(name: c_int) -> bool {
+    name == HLTHUNK_DEVICE_DONT_CARE || name == HLTHUNK_DEVICE_GAUDI2
+}
+
+/// Opens a simulated device: the first free one, or the one at `busid`.
+/// Returns an fd (a memfd standing in for /dev/accel/accelN) or -1 with
+/// errno ENODEV (no such device) or EBUSY (already open).
+///
+/// # Safety
+/// `busid` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn hlthunk_open(device_name: c_int, busid: *const c_char) -> c_int {
+    if !name_matches(device_name) {
+        set_errno(libc::ENODEV);
+        return -1;
+    }
+    let want = if busid.is_null() {
+        None
+    } else {
+        // SAFETY: the caller passes a NUL-terminated string.
+        Some(
+            unsafe { CStr::from_ptr(busid) }
+                .to_string_lossy()
+                .into_owned(),
+        )
+    };
+    let mut s = sim();
+    let idx = match &want {
+        Some(b) => match s.devices.iter().position(|d| &d.bus_id == b) {
+            Some(i) if s.devices[i].open_fd.is_some() => {
+                set_errno(libc::EBUSY);
+                return -1;
+            }
+            Some(i) => i,
+            None => {
+                set_errno(libc::ENODEV);
+                return -1;
+            }
+        },
+        None => match s.devices.iter().position(|d| d.open_fd.is_none()) {
+            Some(i) => i,
+            None => {
+                set_errno(if s.devices.is_empty() {
+                    libc::ENODEV
+                } else {
+                    libc::EBUSY
+                });
+                return -1;
+            }
+        },
+    };
+    let Some(fd) = memfd(&format!("hlthunk-sim-accel{idx}")) else {
+        set_errno(libc::EMFILE);
+        return -1;
+    };
+    let raw = fd.into_raw_fd();
+    s.devices[idx].open_fd = Some(raw);
+    raw
+}
+
+/// Closes a device fd and frees what was allocated through it.
+#[no_mangle]
+pub extern "C" fn hlthunk_close(fd: c_int) -> c_int {
+    let mut s = sim();
+    let Some(d) = device_of(&mut s, fd) else {
+        set_errno(libc::EBADF);
+        return -1;
+    };
+    d.release();
+    // SAFETY: the fd was created by hlthunk_open and is closed only here.
+    unsafe { libc::close(fd) }
+}
+
+#[no_mangle]
+pub extern "C" fn hlthunk_get_device_count(device_name: c_int) -> c_int {
+    if !name_matches(device_name) {
+        return 0;
+    }
+    sim().devices.len() as c_int
+}
+
+#[no_mangle]
+pub extern "C" fn hlthunk_get_device_name_from_fd(fd: c_int) -> c_int {
+    match device_of(&mut sim(), fd) {
+        Some(_) => HLTHUNK_DEVICE_GAUDI2,
+        None => HLTHUNK_DEVICE_INVALID,
+    }
+}
+
+/// Writes the device's bus id (beginning with `sim`) into `buf`.
+///
+/// # Safety
+/// `buf` points to `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn hlthunk_get_pci_bus_id_from_fd(
+    fd: c_int,
+    buf: *mut c_char,
+    len: c_int,
+) -> c_int {
+    let mut s = sim();
+    let Some(d) = device_of(&mut s, fd) else {
+        return fail(libc::EBADF);
+    };
+    let b = d.bus_id.as_bytes();
+    if buf.is_null() || len <= b.len() as c_int {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller gave `len` bytes and the id plus NUL fits.
+    unsafe {
+        std::ptr::copy_nonoverlapping(b.as_ptr(), buf.cast::<u8>(), b.len());
+        *buf.add(b.len()) = 0;
+    }
+    0
+}
+
+/// Fills the start of `struct hlthunk_hw_ip_info`: sram_base_address,
+/// dram_base_address, dram_size (u64 each). Nothing past them is written.
+///
+/// # Safety
+/// `hw_ip` points to a writable `struct hlthunk_hw_ip_info`.
+#[no_mangle]
+pub unsafe extern "C" fn hlthunk_get_hw_ip_info(fd: c_int, hw_ip: *mut u64) -> c_int {
+    let mut s = sim();
+    let Some(d) = device_of(&mut s, fd) else {
+        return fail(libc::EBADF);
+    };
+    if hw_ip.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the struct begins with three u64 fields.
+    unsafe {
+        *hw_ip = 0;
+        *hw_ip.add(1) = VA_BASE;
+        *hw_ip.add(2) = d.dram_size;
+    }
+    0
+}
+
+/// Allocates device memory: returns a handle, or 0 with errno EINVAL (size 0,
+/// page size not a power of two), ENOMEM (more than the DRAM left) or EBADF.
+#[no_mangle]
+pub extern "C" fn hlthunk_device_memory_alloc(
+    fd: c_int,
+    size: u64,
+    page_size: u64,
+    _contiguous: bool,
+    _shared: bool,
+) -> u64 {
+    let mut s = sim();
+    let Some(d) = device_of(&mut s, fd) else {
+        set_errno(libc::EBADF);
+        return 0;
+    };
+    let page = if page_size == 0 { DRAM_PAGE } else { page_size };
+    if size == 0 || !page.is_power_of_two() {
+        set_errno(libc::EINVAL);
+        return 0;
+    }
+    let Some(rounded) = size.checked_next_multiple_of(page) else {
+        set_errno(libc::EINVAL);
+        return 0;
+    };
+    if d.used.saturating_add(rounded) > d.dram_size {
+        set_errno(libc::ENOMEM);
+        return 0;
+    }
+    let Some(mfd) = memfd("hlthunk-sim-dram") else {
+        set_errno(libc::ENOMEM);
+        return 0;
+    };
+    // SAFETY: mfd is a valid memfd; ftruncate makes a sparse file.
+    if unsafe { libc::ftruncate(mfd.as_raw_fd(), rounded as libc::off_t) } != 0 {
+        set_errno(libc::ENOMEM);
+        return 0;
+    }
+    // Handles look nothing like VAs, so that passing one where a VA is
+    // expected fails as it would on the real driver.
+    let handle = (1u64 << 32) | d.next_handle;
+    d.next_handle += 1;
+    d.used += rounded;
+    d.allocs.insert(
+        handle,
+        Alloc {
+            size: rounded,
+            memfd: mfd,
+            maps: 0,
+        },
+    );
+    handle
+}
+
+/// Frees an allocation: EINVAL for an unknown handle or one still mapped.
+#[no_mangle]
+pub extern "C" fn hlthunk_device_memory_free(fd: c_int, handle: u64) -> c_int {
+    let mut s = sim();
+    let Some(d) = device_of(&mut s, fd) else {
+        return fail(libc::EBADF);
+    };
+    match d.allocs.get(&handle) {
+        None => fail(libc::EINVAL),
+        Some(a) if a.maps > 0 => fail(libc::EINVAL),
+        Some(a) => {
+            d.used -= a.size;
+            d.allocs.remove(&handle);
+            0
+        }
+    }
+}
+
+/// Maps an allocation to a device VA (the hint is ignored): returns the VA,
+/// or 0 with errno EINVAL for an unknown handle.
+#[no_mangle]
+pub extern "C" fn hlthunk_device_memory_map(fd: c_int, handle: u64, _hint_addr: u64) -> u64 {
+    let mut s = sim();
+    let Some(d) = device_of(&mut s, fd) else {
+        set_errno(libc::EBADF);
+        return 0;
+    };
+    let Some(a) = d.allocs.get_mut(&handle) else {
+        set_errno(libc::EINVAL);
+        return 0;
+    };
+    a.maps += 1;
+    let size = a.size;
+    let va = d.next_va;
+    // A guard gap between mappings, so that overruns do not land in a
+    // neighbour.
+    d.next_va += size + DRAM_PAGE;
+    d.maps.insert(va, Mapping { handle, size });
+    va
+}
+
+/// Unmaps a VA returned by `hlthunk_device_memory_map`; EINVAL otherwise.
+#[no_mangle]
+pub extern "C" fn hlthunk_memory_unmap(fd: c_int, device_virt_addr: u64) -> c_int {
+    let mut s = sim();
+    let Some(d) = device_of(&mut s, fd) else {
+        return fail(libc::EBADF);
+    };
+    let Some(m) = d.maps.remove(&device_virt_addr) else {
+        return fail(libc::EINVAL);
+    };
+    if let Some(a) = d.allocs.get_mut(&m.handle) {
+        a.maps -= 1;
+    }
+    0
+}
+
+/// Exports `[addr + offset, +size)` of a mapping as a DMA-buf, with the
+/// kernel driver's checks; every violation returns -EINVAL.
+#[no_mangle]
+pub extern "C" fn hlthunk_device_mapped_memory_export_dmabuf_fd(
+    fd: c_int,
+    addr: u64,
+    size: u64,
+    offset: u64,
+    flags: u32,
+) -> c_int {
+    let mut s = sim();
+    let Some(d) = device_of(&mut s, fd) else {
+        return fail(libc::EBADF);
+    };
+    if flags != (libc::O_RDWR | libc::O_CLOEXEC) as u32 {
+        return fail(libc::EINVAL);
+    }
+    if addr % PAGE != 0 || offset % PAGE != 0 || size == 0 || size % PAGE != 0 {
+        return fail(libc::EINVAL);
+    }
+    let Some(m) = d.maps.get(&addr) else {
+        return fail(libc::EINVAL);
+    };
+    if offset.checked_add(size).is_none_or(|end| end > m.size) {
+        return fail(libc::EINVAL);
+    }
+    let Some(a) = d.allocs.get(&m.handle) else {
+        return fail(libc::EINVAL);
+    };
+    // An O_PATH fd of the backing memfd: it keeps the memory alive like a
+    // DMA-buf does, and the CPU cannot map or read it.
+    let path = format!("/proc/self/fd/{}\0", a.memfd.as_raw_fd());
+    // SAFETY: path is NUL-terminated; the result is a new fd or -1.
+    let out = unsafe { libc::open(path.as_ptr().cast(), libc::O_PATH | libc::O_CLOEXEC) };
+    if out < 0 {
+        return fail(libc::EMFILE);
+    }
+    out
+}
+
+/// Simulator only: says what this library is. md-gaudi looks for this
+/// symbol to mark its devices as simulated.
+#[no_mangle]
+pub extern "C" fn hlthunk_sim_describe() -> *const c_char {
+    DESCRIPTION.as_ptr()
+}
+
+/// Simulator only: live allocations over all devices (for leak checks).
+#[no_mangle]
+pub extern "C" fn hlthunk_sim_live_allocations() -> u64 {
+    sim().devices.iter().map(|d| d.allocs.len() as u64).sum()
+}
+
+/// Simulator only: live mappings over all devices (for leak checks).
+#[no_mangle]
+pub extern "C" fn hlthunk_sim_live_mappings() -> u64 {
+    sim().devices.iter().map(|d| d.maps.len() as u64).sum()
+}
