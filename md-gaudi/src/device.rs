@@ -252,7 +252,7 @@ impl Device {
             });
         }
         for (what, value) in [("address", va), ("size", size), ("offset", offset)] {
-            if value % PAGE != 0 {
+            if !value.is_multiple_of(PAGE) {
                 return Err(GaudiError::ExportMisaligned {
                     device: dev(),
                     what,

@@ -399,7 +399,11 @@ pub extern "C" fn hlthunk_device_mapped_memory_export_dmabuf_fd(
     if flags != (libc::O_RDWR | libc::O_CLOEXEC) as u32 {
         return fail(libc::EINVAL);
     }
-    if addr % PAGE != 0 || offset % PAGE != 0 || size == 0 || size % PAGE != 0 {
+    if !addr.is_multiple_of(PAGE)
+        || !offset.is_multiple_of(PAGE)
+        || size == 0
+        || !size.is_multiple_of(PAGE)
+    {
         return fail(libc::EINVAL);
     }
     let Some(m) = d.maps.get(&addr) else {
