@@ -67,10 +67,9 @@ pub fn open_devices(path: &std::path::Path) -> std::result::Result<Vec<Arc<Gaudi
     let by_bus = sysfs.len() == count as usize;
     let mut out = Vec::new();
     for i in 0..count as usize {
-        let (bus, kind) = if by_bus {
-            (Some(sysfs[i].0.as_str()), sysfs[i].1.clone())
-        } else {
-            (None, None)
+        let (bus, kind) = match sysfs.get(i).filter(|_| by_bus) {
+            Some((b, t)) => (Some(b.as_str()), t.clone()),
+            None => (None, None),
         };
         let dev = Device::open(lib.clone(), i, bus, kind)?;
         out.push(Arc::new(GaudiMd::new(NAME, dev, sim.clone())));
