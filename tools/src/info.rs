@@ -154,6 +154,7 @@ pub struct TransportReport {
 pub struct MdReport {
     pub component: String,
     pub memory_domain: String,
+    pub description: Option<String>,
     pub flags: Vec<String>,
     pub alloc_mem_types: Vec<String>,
     pub reg_mem_types: Vec<String>,
@@ -225,24 +226,64 @@ pub fn devices(reg: &Registry, only: Option<&str>) -> Vec<MdReport> {
             m.transports.push(tr);
             continue;
         }
-        let a = r.md.attrs();
-        out.push(MdReport {
-            component: r.component.name().to_string(),
-            memory_domain: r.md.name().to_string(),
-            flags: flag_names(a.flags),
-            alloc_mem_types: names(&a.alloc_mem_types),
-            reg_mem_types: names(&a.reg_mem_types),
-            export_mem_types: names(&a.export_mem_types),
-            detect_mem_types: names(&a.detect_mem_types),
-            max_alloc: a.max_alloc,
-            rkey_packed_size: a.rkey_packed_size,
-            reg_cost_ns: a.reg_cost.overhead_ns,
-            reg_cost_ns_per_byte: a.reg_cost.per_byte_ns,
-            system_device: a.system_device,
-            transports: vec![tr],
-        });
+        out.push(md_report(r.component.name(), r.md.as_ref(), vec![tr]));
+    }
+    if only.is_none() {
+        // Memory domains without transports (device memory such as Gaudi).
+        for (c, md) in reg.memory_domains() {
+            if !out
+                .iter()
+                .any(|m| m.component == c.name() && m.memory_domain == md.name())
+            {
+                out.push(md_report(c.name(), md.as_ref(), vec![]));
+            }
+        }
     }
     out
+}
+
+fn md_report(
+    component: &str,
+    md: &dyn uct_core::MemoryDomain,
+    transports: Vec<TransportReport>,
+) -> MdReport {
+    let a = md.attrs();
+    MdReport {
+        component: component.to_string(),
+        memory_domain: md.name().to_string(),
+        description: md.description(),
+        flags: flag_names(a.flags),
+        alloc_mem_types: names(&a.alloc_mem_types),
+        reg_mem_types: names(&a.reg_mem_types),
+        export_mem_types: names(&a.export_mem_types),
+        detect_mem_types: names(&a.detect_mem_types),
+        max_alloc: a.max_alloc,
+        rkey_packed_size: a.rkey_packed_size,
+        reg_cost_ns: a.reg_cost.overhead_ns,
+        reg_cost_ns_per_byte: a.reg_cost.per_byte_ns,
+        system_device: a.system_device,
+        transports,
+    }
+}
+
+/// Components without transports whose memory domains are absent, with the
+/// reason (for example gaudi without hl-thunk).
+#[derive(Debug, Serialize)]
+pub struct AbsentMdReport {
+    pub component: String,
+    pub reason: String,
+}
+
+pub fn absent_mds(reg: &Registry) -> Vec<AbsentMdReport> {
+    let _ = reg.memory_domains();
+    reg.md_errors()
+        .into_iter()
+        .filter(|(c, _)| {
+            reg.component(c)
+                .is_some_and(|comp| comp.transport_names().is_empty())
+        })
+        .map(|(component, reason)| AbsentMdReport { component, reason })
+        .collect()
 }
 
 /// Transports that are known but absent, with the reason.

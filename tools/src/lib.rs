@@ -4,6 +4,7 @@ pub mod info;
 pub mod text;
 
 // Built-in transports register themselves with the registry when linked.
+pub use md_gaudi;
 pub use tl_sm;
 pub use tl_tcp;
 pub mod perf;

@@ -4,8 +4,8 @@
 use std::fmt::Write;
 
 use crate::info::{
-    caps_line, AbsentReport, BuildInfo, ComponentReport, ConfigReport, LimitsReport, MdReport,
-    ModulesReport, TransportReport,
+    caps_line, AbsentMdReport, AbsentReport, BuildInfo, ComponentReport, ConfigReport,
+    LimitsReport, MdReport, ModulesReport, TransportReport,
 };
 
 /// `4096` -> `4K`, `1<<30` -> `1G`; very large limits print as unlimited.
@@ -209,6 +209,9 @@ pub fn devices(mds: &[MdReport]) -> String {
         let _ = writeln!(s, "#");
         let _ = writeln!(s, "# Memory domain: {}", m.memory_domain);
         let _ = writeln!(s, "#     Component: {}", m.component);
+        if let Some(d) = &m.description {
+            let _ = writeln!(s, "#        Device: {d}");
+        }
         let _ = writeln!(s, "#  {:>20}: {}", "flags", m.flags.join(", "));
         if !m.alloc_mem_types.is_empty() {
             let _ = writeln!(
@@ -244,9 +247,28 @@ pub fn devices(mds: &[MdReport]) -> String {
         if let Some(d) = &m.system_device {
             let _ = writeln!(s, "#  {:>20}: {d}", "system device");
         }
+        if m.transports.is_empty() {
+            let _ = writeln!(
+                s,
+                "#  {:>20}: none of its own (a NIC with DMA-buf import carries this memory)",
+                "transports"
+            );
+        }
         for t in &m.transports {
             transport(&mut s, t);
         }
+    }
+    s
+}
+
+pub fn absent_mds(list: &[AbsentMdReport]) -> String {
+    let mut s = String::new();
+    if list.is_empty() {
+        return s;
+    }
+    s.push_str("#\n# Memory domains not available\n#\n");
+    for a in list {
+        let _ = writeln!(s, "# {:>8}: {}", a.component, a.reason);
     }
     s
 }

@@ -245,3 +245,43 @@ fn ib_module_without_libibverbs_is_listed_with_the_loader_reason() {
         "{s}"
     );
 }
+
+#[test]
+fn simulated_gaudi_devices_are_listed_with_dram_size_and_dmabuf_export() {
+    let sim =
+        test_suite::modules::hlthunk_sim_path().expect("libhlthunk_sim.so is built with the tests");
+    let o = run(&["-d"], &[("UCT_GAUDI_HLTHUNK_LIB", sim.to_str().unwrap())]);
+    assert!(o.status.success());
+    let s = stdout(&o);
+    for dev in ["gaudi0", "gaudi1"] {
+        let block: String = s
+            .split("# Memory domain: ")
+            .find(|b| b.starts_with(&format!("{dev}\n")))
+            .unwrap_or_else(|| panic!("no {dev} block in:\n{s}"))
+            .to_string();
+        assert!(block.contains("16 GiB DRAM"), "{block}");
+        assert!(block.contains("SIMULATED"), "{block}");
+        assert!(block.contains("allocate: gaudi (max 16G)"), "{block}");
+        assert!(block.contains("dma-buf export: gaudi"), "{block}");
+        assert!(
+            block.contains("flags: alloc, export_dmabuf, detect"),
+            "{block}"
+        );
+    }
+}
+
+#[test]
+fn without_hl_thunk_gaudi_is_listed_as_absent_with_the_reason() {
+    let o = run(
+        &["-d"],
+        &[("UCT_GAUDI_HLTHUNK_LIB", "/nonexistent/libhl-thunk.so")],
+    );
+    assert!(o.status.success());
+    let s = stdout(&o);
+    assert!(!s.contains("# Memory domain: gaudi0"), "{s}");
+    let line = s
+        .lines()
+        .find(|l| l.trim_start_matches('#').trim_start().starts_with("gaudi:"))
+        .unwrap_or_else(|| panic!("no gaudi absence line in:\n{s}"));
+    assert!(line.contains("UCT_GAUDI_HLTHUNK_LIB"), "{line}");
+}

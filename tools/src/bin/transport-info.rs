@@ -110,6 +110,7 @@ fn print_text(args: &Args, reg: &Registry) {
         out.push_str(&text::devices(&info::devices(reg, only)));
         if only.is_none() {
             out.push_str(&text::absent(&info::absent(reg)));
+            out.push_str(&text::absent_mds(&info::absent_mds(reg)));
         }
     }
     if args.config || args.all {
@@ -138,6 +139,7 @@ fn print_json(args: &Args, reg: &Registry) {
         m.insert("memory_domains".into(), json!(info::devices(reg, only)));
         if only.is_none() {
             m.insert("absent_transports".into(), json!(info::absent(reg)));
+            m.insert("absent_memory_domains".into(), json!(info::absent_mds(reg)));
         }
     }
     if args.config || args.all {
