@@ -3,7 +3,7 @@
 //! (`ibv_reg_dmabuf_mr`), and packs the keys peers use.
 
 use std::any::Any;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
 
 use rdma_sys::*;
@@ -297,14 +297,49 @@ impl MemoryDomain for IbMd {
             };
             return Ok(self.handle(b, mem.addr(), mem.len(), mem.mem_type(), access));
         }
-        Err(UctError::MemoryTypeUnsupported {
+        // Device memory: ask its owner for a DMA-buf, and register that
+        // with iova = the device VA, so that work requests and rkeys use
+        // device addresses.
+        let info = match mem.query_owner() {
+            Some(r) => r?,
+            None => {
+                return Err(UctError::MemoryTypeUnsupported {
+                    mem_type: mem.mem_type(),
+                    owner: format!("memory domain {}", self.info.name),
+                    hint: format!(
+                        "its owner ({}) exports no DMA-buf for it; allocate it with an MD that can export DMA-buf",
+                        mem.md_name()
+                    ),
+                })
+            }
+        };
+        if !self.dmabuf {
+            return Err(self.dmabuf_refusal(mem.mem_type()));
+        }
+        let (fd, offset) = info.dmabuf.ok_or_else(|| UctError::MemoryTypeUnsupported {
             mem_type: mem.mem_type(),
             owner: format!("memory domain {}", self.info.name),
-            hint: format!(
-                "query its owner ({}) for a DMA-buf fd and register that with register_dmabuf",
-                mem.md_name()
-            ),
-        })
+            hint: format!("its owner ({}) gave no DMA-buf fd for it", mem.md_name()),
+        })?;
+        let mr = self
+            .reg_dmabuf(fd.as_fd(), offset, mem.len(), mem.addr(), access)
+            .map_err(|e| match e {
+                UctError::Unsupported { .. } => self.dmabuf_refusal(mem.mem_type()),
+                other => other,
+            })?;
+        // The MR holds its own reference on the DMA-buf; our fd can go.
+        drop(fd);
+        let b = IbBacking {
+            mr,
+            _alloc: None,
+            _owner: Some(mem.clone()),
+        };
+        Ok(self.handle(b, mem.addr(), mem.len(), mem.mem_type(), access))
+    }
+
+    fn refusal(&self, mem_type: MemoryType) -> Option<String> {
+        (!mem_type.is_host_accessible() && !self.dmabuf)
+            .then(|| self.dmabuf_refusal(mem_type).to_string())
     }
 
     fn pack_rkey(&self, mem: &MemHandle) -> Result<RkeyEntry> {
@@ -355,6 +390,17 @@ impl IbMd {
             &self.pd,
             &format!("ibv_reg_mr of {len} bytes on {}", self.info.name),
         )
+    }
+
+    /// The one message for device memory on a NIC without DMA-buf import.
+    fn dmabuf_refusal(&self, mem_type: MemoryType) -> UctError {
+        UctError::MemoryTypeUnsupported {
+            mem_type,
+            owner: format!("NIC {}", self.info.name),
+            hint: format!(
+                "this NIC cannot import DMA-buf (its driver refuses ibv_reg_dmabuf_mr); use a NIC that can: {DMABUF_NICS}"
+            ),
+        }
     }
 
     fn reg_dmabuf(

@@ -135,10 +135,18 @@ pub trait MemoryDomain: Send + Sync {
     /// handed to a NIC). The new handle keeps `mem` alive.
     fn register_handle(&self, mem: &MemHandle, access: Access) -> Result<MemHandle> {
         let _ = access;
+        let hint = if mem.mem_type().is_host_accessible() {
+            format!("register it with the MD that owns it ({})", mem.md_name())
+        } else {
+            format!(
+                "{} memory is not CPU-accessible and needs an RDMA NIC with DMA-buf support (mlx5, efa, irdma, bnxt_re) and the rc transport",
+                mem.mem_type()
+            )
+        };
         Err(UctError::MemoryTypeUnsupported {
             mem_type: mem.mem_type(),
             owner: format!("memory domain {}", self.name()),
-            hint: format!("register it with the MD that owns it ({})", mem.md_name()),
+            hint,
         })
     }
 

@@ -108,6 +108,11 @@ struct Args {
     /// that --validate must report it.
     #[arg(long, value_name = "ITER", hide = true)]
     inject_corruption: Option<u64>,
+
+    /// Testing aid: with --validate, fill and check host buffers through a
+    /// loopback endpoint of the transport, the way device memory is.
+    #[arg(long, hide = true)]
+    stage_validation: bool,
 }
 
 fn params_from(a: &Args) -> Result<Params> {
@@ -154,6 +159,7 @@ fn params_from(a: &Args) -> Result<Params> {
         warmup: a.warmup,
         outstanding: a.outstanding.max(1),
         validate: a.validate,
+        stage_validation: a.stage_validation,
         percentile: a.percentile,
         inject_corruption: a.inject_corruption,
     })

@@ -155,6 +155,9 @@ pub struct Params {
     /// Most operations in flight in bandwidth tests.
     pub outstanding: usize,
     pub validate: bool,
+    /// Testing aid: validation reaches even host buffers through the
+    /// transport, as it must for device memory.
+    pub stage_validation: bool,
     pub percentile: f64,
     /// Testing aid: flip one byte of the transfer of this iteration.
     pub inject_corruption: Option<u64>,

@@ -318,16 +318,49 @@ fn post_get(s: &mut Session, layout: Layout, size: usize, comp: &Completion) -> 
     }
 }
 
+/// Whether validation reaches `mem` through the staging endpoint.
+fn is_staged(s: &Session, mem: &uct_core::MemHandle) -> bool {
+    s.stage.is_some() && (s.params.stage_validation || !mem.mem_type().is_host_accessible())
+}
+
+/// The first `len` bytes of the receive (or send) buffer, for validation.
+fn read_buf(s: &mut Session, recv: bool, len: usize) -> Result<Vec<u8>> {
+    let mem = if recv { s.recv.clone() } else { s.send.clone() };
+    if is_staged(s, &mem) {
+        if let Some(st) = s.stage.as_mut() {
+            return st.read(s.iface.as_mut(), &mem, len);
+        }
+    }
+    Ok(buf(&mem, len).to_vec())
+}
+
+/// Writes the first `len` bytes of the receive (or send) buffer.
+fn write_buf(
+    s: &mut Session,
+    recv: bool,
+    len: usize,
+    f: impl FnOnce(&mut [u8]),
+) -> Result<()> {
+    let mem = if recv { s.recv.clone() } else { s.send.clone() };
+    if is_staged(s, &mem) {
+        if let Some(st) = s.stage.as_mut() {
+            return st.write(s.iface.as_mut(), &mem, len, f);
+        }
+    }
+    with_mut(&mem, len, f);
+    Ok(())
+}
+
 /// Fills the send buffer for iteration `iter` (validation only).
-fn fill_send(s: &Session, size: usize, iter: u64) {
+fn fill_send(s: &mut Session, size: usize, iter: u64) -> Result<()> {
     let corrupt = s.params.inject_corruption == Some(iter);
-    with_mut(&s.send, size, |buf| {
+    write_buf(s, false, size, |buf| {
         pattern_into(buf, iter);
         if corrupt && !buf.is_empty() {
             // Testing aid: this transfer is corrupted on purpose.
             buf[size / 2] ^= 0x5a;
         }
-    });
+    })
 }
 
 fn ctl(s: &mut Session, msg: &Ctl) -> Result<Option<(u64, String)>> {
@@ -355,8 +388,12 @@ fn prepare(s: &mut Session, size: usize) -> Result<()> {
     s.am.size.store(size as u64, Ordering::Relaxed);
     s.am.validate.store(s.params.validate, Ordering::Relaxed);
     *s.am.first_bad.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    let len = s.recv.len();
-    with_mut(&s.recv, len, |b| b.fill(0));
+    if !s.recv.mem_type().is_host_accessible() && s.stage.is_none() {
+        // Device memory without validation: nothing reads it, nothing to clear.
+    } else {
+        let len = s.recv.len();
+        write_buf(s, true, len, |b| b.fill(0))?;
+    }
     s.ch.barrier()?;
     Ok(())
 }
@@ -397,7 +434,7 @@ fn ping(s: &mut Session, layout: Layout, size: usize, i: u64) -> Result<()> {
         }
         TestKind::PutLat => {
             if s.params.validate {
-                fill_send(s, size - 8, i);
+                fill_send(s, size - 8, i)?;
             }
             let p = s.send.host_ptr(size - 8, 8)?;
             // SAFETY: a checked 8-byte range of the send buffer, which only
@@ -407,7 +444,7 @@ fn ping(s: &mut Session, layout: Layout, size: usize, i: u64) -> Result<()> {
         }
         _ => {
             if s.params.validate {
-                fill_send(s, size, i);
+                fill_send(s, size, i)?;
             } else {
                 s.send.write(0, &seq.to_le_bytes())?;
             }
@@ -471,7 +508,7 @@ fn client(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<Me
             let mut last = clk.now();
             for i in 0..iters {
                 if validate {
-                    fill_send(s, size, i);
+                    fill_send(s, size, i)?;
                 }
                 post_data(s, layout, size, Some(&comp))?;
                 if validate {
@@ -518,7 +555,7 @@ fn client(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<Me
                     if validate {
                         let mut got = match (layout, comp.take_data()) {
                             (Layout::Bcopy, Some(CompletionData::Bytes(b))) => b,
-                            _ => buf(&s.send, size).to_vec(),
+                            _ => read_buf(s, false, size)?,
                         };
                         if s.params.inject_corruption == Some(i) && !got.is_empty() {
                             got[size / 2] ^= 0x5a;
@@ -635,12 +672,12 @@ fn server(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<()
         }
         match s.ch.recv_msg::<Ctl>()? {
             Ctl::Check { iter } => {
-                let got = buf(&s.recv, size).to_vec();
+                let got = read_buf(s, true, size)?;
                 let bad = check_pattern(&got, size, iter).map(|w| (iter, w));
                 s.ch.send_msg(&Ctl::Ack { bad })?;
             }
             Ctl::Fill { iter } => {
-                with_mut(&s.recv, size, |b| pattern_into(b, iter));
+                write_buf(s, true, size, |b| pattern_into(b, iter))?;
                 s.ch.send_msg(&Ctl::Ack { bad: None })?;
             }
             Ctl::Done { am_expected } => {
@@ -655,7 +692,12 @@ fn server(s: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<()
                         .unwrap_or_else(|e| e.into_inner())
                         .take();
                 if bad.is_none() && s.params.test == TestKind::AddMr {
-                    let v = read_u64(s, 0);
+                    let v = if is_staged(s, &s.recv.clone()) {
+                        let b = read_buf(s, true, 8)?;
+                        u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]))
+                    } else {
+                        read_u64(s, 0)
+                    };
                     if v != iters {
                         bad = Some((iters, format!("the counter is {v} after {iters} adds")));
                     }

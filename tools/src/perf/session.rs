@@ -67,6 +67,9 @@ pub struct Session {
     pub peer_rkey: RemoteKey,
     pub ch: BootstrapChannel,
     pub am: Arc<AmState>,
+    /// Validation's way to device memory (or to any memory, with
+    /// `--stage-validation`).
+    pub stage: Option<super::stage::Stage>,
     /// Host buffers registered with MDs that do not allocate.
     _buffers: Vec<Box<[u8]>>,
 }
@@ -96,19 +99,71 @@ pub fn open_iface(reg: &Registry, params: &Params) -> Result<Box<dyn Iface>> {
         .open_iface(&res.md, &res.tl, &IfaceParams::default())?;
     for mem in [&params.mem_send, &params.mem_recv] {
         let t = MemoryType::parse(mem).map_err(|e| PerfError::Usage(e.to_string()))?;
-        if !iface.attrs().mem_types.contains(&t) {
+        // A NIC that could carry device memory, were its driver able to
+        // import DMA-buf, is refused at registration with its own message.
+        if !iface.attrs().mem_types.contains(&t) && iface.md().refusal(t).is_none() {
             return Err(PerfError::Usage(format!(
                 "{} cannot use {t} memory: it moves {} memory only; {t} memory needs an RDMA NIC with DMA-buf support, e.g. `perftest -t rc -m {t}` on mlx5, efa, irdma or bnxt_re",
                 params.transport,
                 iface.attrs().mem_types.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
             )));
         }
+        if !t.is_host_accessible()
+            && matches!(
+                params.test,
+                super::params::TestKind::PutLat | super::params::TestKind::AmLat
+            )
+        {
+            return Err(PerfError::Usage(format!(
+                "{} writes and polls its buffers with the CPU, which cannot touch {t} memory; use put_bw, get_bw, get_lat, am_bw or add_lat",
+                params.test.name()
+            )));
+        }
     }
     Ok(iface)
 }
 
-fn alloc(iface: &dyn Iface, len: usize, buffers: &mut Vec<Box<[u8]>>) -> Result<MemHandle> {
+/// A buffer of `mem_type` for the transport: host memory from (or
+/// registered with) the transport's MD, or device memory allocated by the
+/// device's MD and registered with the transport's (a NIC imports its
+/// DMA-buf).
+pub fn alloc(
+    reg: &Registry,
+    iface: &dyn Iface,
+    mem_type: MemoryType,
+    len: usize,
+    buffers: &mut Vec<Box<[u8]>>,
+) -> Result<MemHandle> {
     let md = iface.md();
+    if !mem_type.is_host_accessible() {
+        let owner = reg
+            .memory_domains()
+            .into_iter()
+            .map(|(_, m)| m)
+            .find(|m| m.attrs().alloc_mem_types.contains(&mem_type))
+            .ok_or_else(|| {
+                let why: Vec<String> = reg
+                    .md_errors()
+                    .into_iter()
+                    .map(|(c, m)| format!("{c}: {m}"))
+                    .collect();
+                PerfError::Usage(format!(
+                    "no memory domain here allocates {mem_type} memory{}",
+                    if why.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", why.join("; "))
+                    }
+                ))
+            })?;
+        let dev = owner.alloc(len, mem_type, Access::all_rights())?;
+        log::info!(
+            "perftest: {len} bytes of {mem_type} memory on {} at {:#x}",
+            owner.name(),
+            dev.addr()
+        );
+        return Ok(md.register_handle(&dev, Access::all_rights())?);
+    }
     let attrs = md.attrs();
     if attrs.flags.contains(MdFlags::ALLOC) && attrs.alloc_mem_types.contains(&MemoryType::Host) {
         return Ok(md.alloc(len, MemoryType::Host, Access::all_rights())?);
@@ -171,8 +226,21 @@ impl Session {
         let max = params.sizes.iter().copied().max().unwrap_or(8).max(64);
         let len = max.div_ceil(4096) * 4096;
         let mut buffers = Vec::new();
-        let send = alloc(iface.as_ref(), len, &mut buffers)?;
-        let recv = alloc(iface.as_ref(), len, &mut buffers)?;
+        let mem_type = |m: &str| MemoryType::parse(m).map_err(|e| PerfError::Usage(e.to_string()));
+        let send = alloc(
+            reg,
+            iface.as_ref(),
+            mem_type(&params.mem_send)?,
+            len,
+            &mut buffers,
+        )?;
+        let recv = alloc(
+            reg,
+            iface.as_ref(),
+            mem_type(&params.mem_recv)?,
+            len,
+            &mut buffers,
+        )?;
         let md = iface.md().clone();
         let rkey = RkeyBundle::single(md.pack_rkey(&recv)?).pack()?;
         let by_iface = caps.contains(Caps::CONNECT_TO_IFACE);
@@ -245,6 +313,15 @@ impl Session {
                 }),
             )?;
         }
+        let needs_stage = params.validate
+            && (params.stage_validation
+                || !send.mem_type().is_host_accessible()
+                || !recv.mem_type().is_host_accessible());
+        let stage = if needs_stage {
+            Some(super::stage::Stage::open(reg, &mut iface, len, &[&send, &recv])?)
+        } else {
+            None
+        };
         // Both sides connected before either starts.
         ch.barrier()?;
         Ok(Session {
@@ -259,6 +336,7 @@ impl Session {
             peer_rkey,
             ch,
             am,
+            stage,
             _buffers: buffers,
         })
     }

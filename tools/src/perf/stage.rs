@@ -1,0 +1,178 @@
+//! Staging for memory the CPU cannot touch (Gaudi HBM): validation writes
+//! a pattern into a host buffer and puts it into device memory over the
+//! transport, and reads device memory back with a get into the host buffer.
+//! Both go over a loopback endpoint of the session's own iface, so the data
+//! goes host -> device -> host through the NIC, as it would for a user.
+
+use uct_core::{
+    Access, Caps, Completion, Endpoint, EpParams, Iface, Iov, MdFlags, MemHandle, MemoryType,
+    Registry, RemoteKey, RkeyBundle, Status,
+};
+
+use super::error::{PerfError, Result};
+
+/// A host buffer and a loopback endpoint, with rkeys to the session's
+/// device buffers.
+pub struct Stage {
+    host: MemHandle,
+    ep: Box<dyn Endpoint>,
+    /// The other half of a loopback pair on CONNECT_TO_EP transports.
+    _peer: Option<Box<dyn Endpoint>>,
+    keys: Vec<(u64, RemoteKey)>,
+    _buffer: Option<Box<[u8]>>,
+}
+
+fn host_buffer(iface: &dyn Iface, len: usize) -> Result<(MemHandle, Option<Box<[u8]>>)> {
+    let md = iface.md();
+    let a = md.attrs();
+    if a.flags.contains(MdFlags::ALLOC) && a.alloc_mem_types.contains(&MemoryType::Host) {
+        return Ok((md.alloc(len, MemoryType::Host, Access::all_rights())?, None));
+    }
+    let mut buf = vec![0u8; len].into_boxed_slice();
+    // SAFETY: the buffer lives in the Stage as long as the handle.
+    let mem = unsafe { md.register(buf.as_mut_ptr(), len, Access::all_rights()) }?;
+    Ok((mem, Some(buf)))
+}
+
+impl Stage {
+    /// Opens staging of up to `len` bytes for `bufs` (the device buffers).
+    pub fn open(
+        reg: &Registry,
+        iface: &mut Box<dyn Iface>,
+        len: usize,
+        bufs: &[&MemHandle],
+    ) -> Result<Stage> {
+        let (host, buffer) = host_buffer(iface.as_ref(), len)?;
+        let md = iface.md().clone();
+        let mut keys = Vec::new();
+        for b in bufs {
+            let packed = RkeyBundle::single(md.pack_rkey(b)?).pack()?;
+            keys.push((b.addr(), reg.unpack_rkey(&packed, md.name())?));
+        }
+        let dev = iface.device_address();
+        let (ep, peer) = if iface.attrs().caps.contains(Caps::CONNECT_TO_IFACE) {
+            let ep = iface.create_ep(EpParams::ToIface {
+                device_addr: dev,
+                iface_addr: iface.iface_address(),
+            })?;
+            (ep, None)
+        } else {
+            let mut a = iface.create_ep(EpParams::Unconnected)?;
+            let mut b = iface.create_ep(EpParams::Unconnected)?;
+            let (aa, ba) = (a.ep_address()?, b.ep_address()?);
+            a.connect_to_ep(&dev, &ba)?;
+            b.connect_to_ep(&dev, &aa)?;
+            (a, Some(b))
+        };
+        Ok(Stage {
+            host,
+            ep,
+            _peer: peer,
+            keys,
+            _buffer: buffer,
+        })
+    }
+
+}
+
+fn key_of<'a>(keys: &'a [(u64, RemoteKey)], mem: &MemHandle) -> Result<&'a RemoteKey> {
+    {
+        keys.iter()
+            .find(|(a, _)| *a == mem.addr())
+            .map(|(_, k)| k)
+            .ok_or_else(|| PerfError::Protocol("no staging key for this buffer".into()))
+    }
+}
+
+fn finish(iface: &mut dyn Iface, st: Status, comp: &Completion) -> Result<()> {
+    if st == Status::InProgress {
+        let t0 = std::time::Instant::now();
+        while !comp.is_complete() {
+            iface.progress();
+            if t0.elapsed() > std::time::Duration::from_secs(30) {
+                return Err(PerfError::Protocol(
+                    "a staging transfer did not complete in 30 s".into(),
+                ));
+            }
+        }
+    }
+    comp.result()?;
+    Ok(())
+}
+
+impl Stage {
+
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len > self.host.len() {
+            return Err(PerfError::Usage(format!(
+                "staging holds {} bytes, {len} asked",
+                self.host.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes `len` bytes made by `fill` into `mem` at offset 0.
+    pub fn write(
+        &mut self,
+        iface: &mut dyn Iface,
+        mem: &MemHandle,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<()> {
+        self.check_len(len)?;
+        let mut v = vec![0u8; len];
+        fill(&mut v);
+        self.host.write(0, &v)?;
+        let key = key_of(&self.keys, mem)?;
+        let comp = Completion::new();
+        let st = loop {
+            match self.ep.put_zcopy(
+                &[Iov::new(&self.host, 0, len)],
+                mem.addr(),
+                key,
+                Some(&comp),
+            )? {
+                Status::NoResource => {
+                    iface.progress();
+                }
+                st => break st,
+            }
+        };
+        finish(iface, st, &comp)?;
+        let comp = Completion::new();
+        let st = loop {
+            match self.ep.flush(Some(&comp))? {
+                Status::NoResource => {
+                    iface.progress();
+                }
+                st => break st,
+            }
+        };
+        finish(iface, st, &comp)
+    }
+
+    /// Reads `len` bytes of `mem` at offset 0.
+    pub fn read(&mut self, iface: &mut dyn Iface, mem: &MemHandle, len: usize) -> Result<Vec<u8>> {
+        self.check_len(len)?;
+        let key = key_of(&self.keys, mem)?;
+        let comp = Completion::new();
+        let st = loop {
+            match self.ep.get_zcopy(
+                &[Iov::new(&self.host, 0, len)],
+                mem.addr(),
+                key,
+                Some(&comp),
+            )? {
+                Status::NoResource => {
+                    iface.progress();
+                }
+                st => break st,
+            }
+        };
+        finish(iface, st, &comp)?;
+        let mut v = vec![0u8; len];
+        self.host.read(0, &mut v)?;
+        Ok(v)
+    }
+}
