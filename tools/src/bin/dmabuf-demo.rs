@@ -86,7 +86,9 @@ fn parse_size(s: &str) -> Result<usize, String> {
 fn parse_mem(s: &str) -> Result<MemoryType, String> {
     match MemoryType::parse(s) {
         Ok(t @ (MemoryType::Host | MemoryType::Gaudi)) => Ok(t),
-        Ok(t) => Err(format!("{t} memory is not supported here; use host or gaudi")),
+        Ok(t) => Err(format!(
+            "{t} memory is not supported here; use host or gaudi"
+        )),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -140,12 +142,21 @@ enum Msg {
     },
     Refuse(String),
     /// Check the server buffer against pattern `iter`.
-    Check { iter: u64 },
+    Check {
+        iter: u64,
+    },
     /// Fill the server buffer with pattern `iter`.
-    Fill { iter: u64 },
+    Fill {
+        iter: u64,
+    },
     /// Answer to Check/Fill: checked is false where the CPU cannot read.
-    Ack { bad: Option<String>, checked: bool },
-    Done { ok: bool },
+    Ack {
+        bad: Option<String>,
+        checked: bool,
+    },
+    Done {
+        ok: bool,
+    },
 }
 
 /// One side: iface, endpoint, buffers, staging for device memory.
@@ -326,7 +337,10 @@ fn server(o: Opts) -> Result<()> {
     let reg = Registry::global();
     let mut side = open_side(reg, &o, 1)?;
     let l = BootstrapListener::bind(("0.0.0.0", o.port), Duration::from_secs(24 * 3600))?;
-    eprintln!("dmabuf-demo server: waiting for a client on port {}", o.port);
+    eprintln!(
+        "dmabuf-demo server: waiting for a client on port {}",
+        o.port
+    );
     let mut ch = l.accept()?;
     drop(l);
     let (size, iters, their_mem, dev, ep_addr) = match ch.recv_msg::<Msg>()? {
@@ -337,7 +351,11 @@ fn server(o: Opts) -> Result<()> {
             device_addr,
             ep_addr,
         } => (size, iters, mem, device_addr, ep_addr),
-        other => return Err(DemoError::Protocol(format!("expected hello, got {other:?}"))),
+        other => {
+            return Err(DemoError::Protocol(format!(
+                "expected hello, got {other:?}"
+            )))
+        }
     };
     if size as usize != o.size || iters != o.iters {
         let why = format!(
@@ -450,7 +468,11 @@ fn client(host: &str, o: Opts) -> Result<()> {
             am_size,
         } => (mem, device_addr, ep_addr, buf_addr, rkey, am_size),
         Msg::Refuse(why) => return Err(DemoError::Refused(why)),
-        other => return Err(DemoError::Protocol(format!("expected welcome, got {other:?}"))),
+        other => {
+            return Err(DemoError::Protocol(format!(
+                "expected welcome, got {other:?}"
+            )))
+        }
     };
     side.ep.connect_to_ep(&dev, &ep_addr)?;
     ch.barrier()?;

@@ -335,12 +335,7 @@ fn read_buf(s: &mut Session, recv: bool, len: usize) -> Result<Vec<u8>> {
 }
 
 /// Writes the first `len` bytes of the receive (or send) buffer.
-fn write_buf(
-    s: &mut Session,
-    recv: bool,
-    len: usize,
-    f: impl FnOnce(&mut [u8]),
-) -> Result<()> {
+fn write_buf(s: &mut Session, recv: bool, len: usize, f: impl FnOnce(&mut [u8])) -> Result<()> {
     let mem = if recv { s.recv.clone() } else { s.send.clone() };
     if is_staged(s, &mem) {
         if let Some(st) = s.stage.as_mut() {

@@ -318,7 +318,12 @@ impl Session {
                 || !send.mem_type().is_host_accessible()
                 || !recv.mem_type().is_host_accessible());
         let stage = if needs_stage {
-            Some(super::stage::Stage::open(reg, &mut iface, len, &[&send, &recv])?)
+            Some(super::stage::Stage::open(
+                reg,
+                &mut iface,
+                len,
+                &[&send, &recv],
+            )?)
         } else {
             None
         };

@@ -72,7 +72,6 @@ impl Stage {
             _buffer: buffer,
         })
     }
-
 }
 
 fn key_of<'a>(keys: &'a [(u64, RemoteKey)], mem: &MemHandle) -> Result<&'a RemoteKey> {
@@ -101,7 +100,6 @@ fn finish(iface: &mut dyn Iface, st: Status, comp: &Completion) -> Result<()> {
 }
 
 impl Stage {
-
     fn check_len(&self, len: usize) -> Result<()> {
         if len > self.host.len() {
             return Err(PerfError::Usage(format!(

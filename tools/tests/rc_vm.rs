@@ -1,0 +1,234 @@
+//! perftest and dmabuf-demo over rc, where an RDMA device is present (inside
+//! scripts/rxe-vm, Soft-RoCE). Elsewhere every test is reported as skipped,
+//! by name, with the reason. Gaudi memory comes from the hl-thunk simulator
+//! (a TEST DOUBLE); rxe cannot import DMA-buf, so the Gaudi runs must fail
+//! at registration with the message that says so.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+fn sim() -> String {
+    test_suite::modules::hlthunk_sim_path()
+        .expect("libhlthunk_sim.so is built with the tests")
+        .display()
+        .to_string()
+}
+
+fn cmd(bin: &str) -> Command {
+    let mut c = Command::new(bin);
+    c.env_remove("UCT_TLS").env("UCT_GAUDI_HLTHUNK_LIB", sim());
+    c
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn perftest(args: &[&str]) -> Output {
+    cmd(env!("CARGO_BIN_EXE_perftest"))
+        .args(args)
+        .output()
+        .expect("run perftest")
+}
+
+/// Why rc cannot run here, if it cannot.
+fn rc_absent() -> Option<String> {
+    let o = Command::new(env!("CARGO_BIN_EXE_transport-info"))
+        .args(["-t", "rc"])
+        .env_remove("UCT_TLS")
+        .output()
+        .ok()?;
+    (!o.status.success()).then(|| text(&o.stderr).trim().to_string())
+}
+
+fn check(cond: bool, what: String) -> Result<(), Failed> {
+    if cond {
+        Ok(())
+    } else {
+        Err(what.into())
+    }
+}
+
+fn perftest_gaudi_fails_with_the_dmabuf_message() -> Result<(), Failed> {
+    let o = perftest(&[
+        "-t", "rc", "-m", "gaudi", "--test", "put_bw", "-s", "64k", "-n", "10",
+    ]);
+    let err = text(&o.stderr);
+    check(!o.status.success(), format!("it must fail on rxe:\n{err}"))?;
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    check(lines.len() == 1, format!("one message, got:\n{err}"))?;
+    check(
+        lines[0].contains("cannot import DMA-buf")
+            && ["mlx5", "efa", "irdma", "bnxt_re"]
+                .iter()
+                .all(|n| lines[0].contains(n)),
+        format!("the DMA-buf message naming NICs that can: {err}"),
+    )?;
+    check(
+        o.stdout.is_empty(),
+        format!("no table: {}", text(&o.stdout)),
+    )
+}
+
+fn perftest_host_validate(
+    test: &'static str,
+    sizes: &'static str,
+    extra: &'static [&'static str],
+) -> Result<(), Failed> {
+    let mut args = vec![
+        "-t",
+        "rc",
+        "-m",
+        "host",
+        "--test",
+        test,
+        "-s",
+        sizes,
+        "-n",
+        "30",
+        "--validate",
+    ];
+    args.extend_from_slice(extra);
+    let o = perftest(&args);
+    let out = text(&o.stdout);
+    check(
+        o.status.success(),
+        format!("perftest {args:?}:\n{out}{}", text(&o.stderr)),
+    )?;
+    let rows = out
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains('|'))
+        .count();
+    let want = sizes.split(',').count();
+    check(rows == want, format!("{want} sizes:\n{out}"))
+}
+
+fn demo(args: &[&str]) -> Command {
+    let mut c = cmd(env!("CARGO_BIN_EXE_dmabuf-demo"));
+    c.args(args);
+    c
+}
+
+fn free_port() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+        .to_string()
+}
+
+fn wait_child(mut c: Child, limit: Duration) -> Result<Output, Failed> {
+    let t0 = Instant::now();
+    loop {
+        if c.try_wait()?.is_some() {
+            return Ok(c.wait_with_output()?);
+        }
+        if t0.elapsed() > limit {
+            let _ = c.kill();
+            let o = c.wait_with_output()?;
+            return Err(format!(
+                "timed out after {limit:?}:\n{}{}",
+                text(&o.stdout),
+                text(&o.stderr)
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn demo_host_server_and_client_verify() -> Result<(), Failed> {
+    let port = free_port();
+    let common = ["-p", port.as_str(), "-s", "256k", "-n", "5"];
+    let server = demo(&["server"])
+        .args(common)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let client = demo(&["client", "127.0.0.1"]).args(common).output()?;
+    let s = wait_child(server, Duration::from_secs(120))?;
+    let (cout, sout) = (text(&client.stdout), text(&s.stdout));
+    check(
+        client.status.success() && s.status.success(),
+        format!(
+            "client:\n{cout}{}\nserver:\n{sout}{}",
+            text(&client.stderr),
+            text(&s.stderr)
+        ),
+    )?;
+    for phase in [
+        "send/recv:",
+        "rdma write:",
+        "rdma read:",
+        "ALL PHASES VERIFIED",
+    ] {
+        check(cout.contains(phase), format!("{phase} in:\n{cout}"))?;
+    }
+    check(
+        cout.contains("verified by read-back and by the server"),
+        cout.clone(),
+    )?;
+    check(sout.contains("client says all verified"), sout)
+}
+
+fn demo_gaudi_server_fails_cleanly_on_rxe() -> Result<(), Failed> {
+    let port = free_port();
+    let o = demo(&["server", "-m", "gaudi", "-p", port.as_str()]).output()?;
+    let err = text(&o.stderr);
+    check(
+        o.status.code() == Some(1),
+        format!("exit 1, got {:?}: {err}", o.status),
+    )?;
+    check(
+        err.contains("cannot import DMA-buf") && err.contains("mlx5"),
+        format!("the DMA-buf message: {err}"),
+    )
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let absent = rc_absent();
+    let tests: Vec<(&str, fn() -> Result<(), Failed>)> = vec![
+        (
+            "perftest_rc_gaudi_fails_with_the_dmabuf_message",
+            perftest_gaudi_fails_with_the_dmabuf_message,
+        ),
+        ("perftest_rc_host_put_bw_validate", || {
+            perftest_host_validate("put_bw", "8,4k,64k", &[])
+        }),
+        ("perftest_rc_host_get_bw_validate", || {
+            perftest_host_validate("get_bw", "8,4k,64k", &[])
+        }),
+        ("perftest_rc_host_am_bw_validate", || {
+            perftest_host_validate("am_bw", "8,4k", &[])
+        }),
+        ("perftest_rc_host_put_bw_validate_staged", || {
+            perftest_host_validate("put_bw", "8,4k,64k", &["--stage-validation"])
+        }),
+        ("perftest_rc_host_get_bw_validate_staged", || {
+            perftest_host_validate("get_bw", "8,4k,64k", &["--stage-validation"])
+        }),
+        (
+            "dmabuf_demo_rc_host_server_and_client_verify",
+            demo_host_server_and_client_verify,
+        ),
+        (
+            "dmabuf_demo_rc_gaudi_server_fails_cleanly",
+            demo_gaudi_server_fails_cleanly_on_rxe,
+        ),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, f)| match &absent {
+            None => Trial::test(name, f),
+            Some(why) => {
+                println!("rc_vm: SKIPPED {name}: rc is not available here ({why})");
+                Trial::test(name, || Ok(())).with_ignored_flag(true)
+            }
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}
