@@ -226,3 +226,61 @@ fn csv_and_json_formats() {
     assert_eq!(v.as_array().unwrap().len(), 2);
     assert!(v[0]["bandwidth_mib_s"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn staged_validation_goes_through_the_transport_and_catches_corruption() {
+    for test in ["put_bw", "get_bw"] {
+        let o = perftest(&[
+            "-t",
+            "tcp",
+            "--test",
+            test,
+            "-s",
+            "4k,64k",
+            "-n",
+            "20",
+            "--validate",
+            "--stage-validation",
+        ]);
+        assert!(o.status.success(), "{test}: {}", text(&o.stderr));
+        assert_eq!(rows(&text(&o.stdout)).len(), 2);
+    }
+    let o = perftest(&[
+        "-t",
+        "tcp",
+        "--test",
+        "put_bw",
+        "-s",
+        "4k",
+        "-n",
+        "20",
+        "--validate",
+        "--stage-validation",
+        "--inject-corruption",
+        "5",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("validation FAILED"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn gaudi_memory_with_the_simulator_on_tcp_is_still_refused() {
+    let sim = test_suite::modules::hlthunk_sim_path().expect("simulator built");
+    let o = Command::new(env!("CARGO_BIN_EXE_perftest"))
+        .args(["-t", "tcp", "-m", "gaudi"])
+        .env_remove("UCT_TLS")
+        .env("UCT_GAUDI_HLTHUNK_LIB", sim)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(o.stdout.is_empty());
+    assert!(
+        text(&o.stderr).contains("needs an RDMA NIC with DMA-buf support"),
+        "{}",
+        text(&o.stderr)
+    );
+}
