@@ -188,10 +188,12 @@ fn demo_gaudi_server_fails_cleanly_on_rxe() -> Result<(), Failed> {
     )
 }
 
+type TestFn = fn() -> Result<(), Failed>;
+
 fn main() {
     let args = Arguments::from_args();
     let absent = rc_absent();
-    let tests: Vec<(&str, fn() -> Result<(), Failed>)> = vec![
+    let tests: Vec<(&str, TestFn)> = vec![
         (
             "perftest_rc_gaudi_fails_with_the_dmabuf_message",
             perftest_gaudi_fails_with_the_dmabuf_message,
