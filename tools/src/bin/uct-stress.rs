@@ -1,0 +1,250 @@
+//! uct-stress: bounded stress runs for the shell suites (test-suite/shell):
+//! memory alloc/export/register cycles with an fd count before and after,
+//! many endpoints on one iface, each checked. Long transfers are perftest's.
+
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+// Links the built-in components (sm, tcp, gaudi) into this binary.
+use tools::{md_gaudi as _, tl_sm as _, tl_tcp as _};
+use uct_core::{
+    Access, Completion, EpParams, IfaceParams, Iov, MemoryType, Registry, RkeyBundle, Status,
+};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "uct-stress",
+    about = "Bounded stress runs: memory cycles and many endpoints, each checked; exit 0 when every check held",
+    after_help = "Examples:\n  uct-stress mem-cycles --md gaudi0 --count 500       alloc, DMA-buf query, free (fds counted)\n  uct-stress mem-cycles --md gaudi0 --nic rc          ... and register each with the NIC\n  uct-stress endpoints -t tcp -d lo --count 64        64 endpoints to one iface, a put on each"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Allocate on a memory domain, query its DMA-buf, optionally register
+    /// with a transport's MD, free; check that no fd and no allocation
+    /// is left.
+    MemCycles {
+        /// Memory domain that allocates (gaudi0, posix, ...).
+        #[arg(long)]
+        md: String,
+        /// Also register every allocation with this transport's MD.
+        #[arg(long)]
+        nic: Option<String>,
+        #[arg(long, default_value_t = 200)]
+        count: u64,
+        /// Bytes per allocation.
+        #[arg(long, default_value_t = 1 << 20)]
+        size: usize,
+        /// Stop early after this many seconds.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
+    /// Open COUNT endpoints from one iface to another, put a different
+    /// pattern through each, flush, and check every byte.
+    Endpoints {
+        #[arg(short = 't', long = "transport")]
+        transport: String,
+        #[arg(short = 'd', long = "device")]
+        device: Option<String>,
+        #[arg(long, default_value_t = 64)]
+        count: usize,
+    },
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+fn mem_cycles(
+    md_name: &str,
+    nic: Option<&str>,
+    count: u64,
+    size: usize,
+    seconds: u64,
+) -> Result<String, String> {
+    let reg = Registry::global();
+    let md = reg.open_md(md_name).map_err(|e| e.to_string())?;
+    let mem_type = *md
+        .attrs()
+        .alloc_mem_types
+        .first()
+        .ok_or_else(|| format!("memory domain {md_name} does not allocate"))?;
+    let nic_md = match nic {
+        Some(t) => Some(
+            reg.open_iface(t, None, &IfaceParams::default())
+                .map_err(|e| e.to_string())?
+                .md()
+                .clone(),
+        ),
+        None => None,
+    };
+    // Let lazily opened fds (logging, modules) settle before counting.
+    drop(md.alloc(size, mem_type, Access::all_rights()));
+    let before = open_fds();
+    let t0 = Instant::now();
+    let mut done = 0u64;
+    while done < count && t0.elapsed() < Duration::from_secs(seconds) {
+        let mem = md
+            .alloc(size, mem_type, Access::all_rights())
+            .map_err(|e| format!("cycle {done}: alloc: {e}"))?;
+        if let Some(q) = mem.query_owner() {
+            let info = q.map_err(|e| format!("cycle {done}: query: {e}"))?;
+            if mem_type != MemoryType::Host && info.dmabuf.is_none() {
+                return Err(format!("cycle {done}: no DMA-buf for {mem_type} memory"));
+            }
+        }
+        if let Some(n) = &nic_md {
+            let r = n
+                .register_handle(&mem, Access::all_rights())
+                .map_err(|e| format!("cycle {done}: register with {}: {e}", n.name()))?;
+            drop(r);
+        }
+        drop(mem);
+        done += 1;
+    }
+    let after = open_fds();
+    if after != before {
+        return Err(format!(
+            "{done} cycles: {before} fds open before, {after} after"
+        ));
+    }
+    Ok(format!(
+        "mem-cycles: {done} cycles of {size} bytes of {mem_type} memory on {md_name}{} in {:.1}s; fds {before} before and after",
+        nic.map(|n| format!(", registered with {n}")).unwrap_or_default(),
+        t0.elapsed().as_secs_f64()
+    ))
+}
+
+fn endpoints(transport: &str, device: Option<&str>, count: usize) -> Result<String, String> {
+    let e = |e: uct_core::UctError| e.to_string();
+    let reg = Registry::global();
+    let p = IfaceParams::default();
+    let mut a = reg.open_iface(transport, device, &p).map_err(e)?;
+    let mut b = reg.open_iface(transport, device, &p).map_err(e)?;
+    let md = b.md().clone();
+    let chunk = 4096usize;
+    let target = md
+        .alloc(chunk * count, MemoryType::Host, Access::all_rights())
+        .map_err(e)?;
+    let src = a
+        .md()
+        .alloc(chunk * count, MemoryType::Host, Access::all_rights())
+        .map_err(e)?;
+    let rkey = reg
+        .unpack_rkey(
+            &RkeyBundle::single(md.pack_rkey(&target).map_err(e)?)
+                .pack()
+                .map_err(e)?,
+            md.name(),
+        )
+        .map_err(e)?;
+    let by_iface = a.attrs().caps.contains(uct_core::Caps::CONNECT_TO_IFACE);
+    let mut eps = Vec::new();
+    let mut peers = Vec::new();
+    for _ in 0..count {
+        if by_iface {
+            eps.push(
+                a.create_ep(EpParams::ToIface {
+                    device_addr: b.device_address(),
+                    iface_addr: b.iface_address(),
+                })
+                .map_err(e)?,
+            );
+        } else {
+            let mut x = a.create_ep(EpParams::Unconnected).map_err(e)?;
+            let mut y = b.create_ep(EpParams::Unconnected).map_err(e)?;
+            let (xa, ya) = (x.ep_address().map_err(e)?, y.ep_address().map_err(e)?);
+            x.connect_to_ep(&b.device_address(), &ya).map_err(e)?;
+            y.connect_to_ep(&a.device_address(), &xa).map_err(e)?;
+            eps.push(x);
+            peers.push(y);
+        }
+    }
+    for i in 0..count {
+        let pat: Vec<u8> = (0..chunk).map(|j| (i * 7 + j) as u8).collect();
+        src.write(i * chunk, &pat).map_err(e)?;
+    }
+    let t0 = Instant::now();
+    let comps: Vec<Completion> = (0..count).map(|_| Completion::new()).collect();
+    for (i, ep) in eps.iter_mut().enumerate() {
+        loop {
+            let st = ep
+                .put_zcopy(
+                    &[Iov::new(&src, i * chunk, chunk)],
+                    target.addr() + (i * chunk) as u64,
+                    &rkey,
+                    Some(&comps[i]),
+                )
+                .map_err(|x| format!("endpoint {i}: put: {x}"))?;
+            if st != Status::NoResource {
+                break;
+            }
+            a.progress();
+            b.progress();
+        }
+    }
+    let flushes: Vec<Completion> = (0..count).map(|_| Completion::new()).collect();
+    for (i, ep) in eps.iter_mut().enumerate() {
+        loop {
+            let st = ep
+                .flush(Some(&flushes[i]))
+                .map_err(|x| format!("endpoint {i}: flush: {x}"))?;
+            if st != Status::NoResource {
+                break;
+            }
+            a.progress();
+            b.progress();
+        }
+    }
+    while !(comps.iter().chain(&flushes).all(|c| c.is_complete())) {
+        a.progress();
+        b.progress();
+        if t0.elapsed() > Duration::from_secs(60) {
+            return Err("puts or flushes did not complete in 60 s".into());
+        }
+    }
+    for c in comps.iter().chain(&flushes) {
+        c.result().map_err(e)?;
+    }
+    let got = target.to_vec().map_err(e)?;
+    for i in 0..count {
+        let want: Vec<u8> = (0..chunk).map(|j| (i * 7 + j) as u8).collect();
+        if got[i * chunk..(i + 1) * chunk] != want[..] {
+            return Err(format!("endpoint {i}: the data at the target is wrong"));
+        }
+    }
+    drop(peers);
+    Ok(format!(
+        "endpoints: {count} endpoints over {transport}, one {chunk}-byte put each, all verified in {:.1} ms",
+        t0.elapsed().as_secs_f64() * 1e3
+    ))
+}
+
+fn main() {
+    uct_core::logging::init();
+    let r = match Cli::parse().cmd {
+        Cmd::MemCycles {
+            md,
+            nic,
+            count,
+            size,
+            seconds,
+        } => mem_cycles(&md, nic.as_deref(), count, size, seconds),
+        Cmd::Endpoints {
+            transport,
+            device,
+            count,
+        } => endpoints(&transport, device.as_deref(), count),
+    };
+    match r {
+        Ok(line) => println!("{line}"),
+        Err(e) => {
+            eprintln!("uct-stress: FAILED: {e}");
+            std::process::exit(1);
+        }
+    }
+}
