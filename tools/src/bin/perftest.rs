@@ -42,7 +42,9 @@ struct Args {
     device: Option<String>,
 
     /// Memory type of the send side and, after a comma, the receive side:
-    /// host, gaudi, cuda.
+    /// host or gaudi. Gaudi memory comes from the first Gaudi MD (hl-thunk,
+    /// UCT_GAUDI_HLTHUNK_LIB) and is registered with the NIC as a DMA-buf;
+    /// it needs rc on a NIC that imports DMA-buf (mlx5, efa, irdma, bnxt_re).
     #[arg(
         short = 'm',
         long = "mem",
@@ -84,7 +86,9 @@ struct Args {
     outstanding: usize,
 
     /// Check every byte end to end, with a pattern that changes every
-    /// iteration (slow: one check per iteration).
+    /// iteration (slow: one check per iteration). Device memory, which the
+    /// CPU cannot read, is filled and checked through host memory over the
+    /// transport (host -> device -> host).
     #[arg(long)]
     validate: bool,
 
