@@ -321,6 +321,17 @@ impl MemoryDomain for IbMd {
             owner: format!("memory domain {}", self.info.name),
             hint: format!("its owner ({}) gave no DMA-buf fd for it", mem.md_name()),
         })?;
+        if self.info.name.starts_with("mlx5")
+            && std::env::var("MLX5_SCATTER_TO_CQE").as_deref() != Ok("0")
+        {
+            // mlx5 may scatter small responses into the CQE and have the CPU
+            // copy them into the buffer, which is device memory here.
+            log::warn!(
+                "{}: registering {} memory with MLX5_SCATTER_TO_CQE unset; set MLX5_SCATTER_TO_CQE=0 so that small RDMA Read responses are not copied by the CPU",
+                self.info.name,
+                mem.mem_type()
+            );
+        }
         let mr = self
             .reg_dmabuf(fd.as_fd(), offset, mem.len(), mem.addr(), access)
             .map_err(|e| match e {
@@ -433,6 +444,15 @@ impl IbMd {
         };
         if p.is_null() {
             let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            if errno == libc::EPERM {
+                return Err(UctError::Device {
+                    device: self.info.name.clone(),
+                    message: format!(
+                        "ibv_reg_dmabuf_mr(fd {}, {len} bytes) was refused with EPERM: the NIC could not attach the DMA-buf, which happens when PCIe peer-to-peer between the NIC and the device is not allowed; disable ACS on the PCIe switches between them, or use a NIC and device under the same switch",
+                        fd.as_raw_fd()
+                    ),
+                });
+            }
             if errno == libc::EOPNOTSUPP {
                 return Err(UctError::Unsupported {
                     transport: self.info.name.clone(),
