@@ -14,20 +14,9 @@ use uct_core::{Access, MdFlags, MemoryDomain, MemoryType, UctError};
 const GIB: u64 = 1 << 30;
 
 fn sim_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let mut dir = exe.parent().expect("test folder").to_path_buf();
-    for _ in 0..2 {
-        for cand in [
-            dir.join("libhlthunk_sim.so"),
-            dir.join("deps/libhlthunk_sim.so"),
-        ] {
-            if cand.exists() {
-                return cand;
-            }
-        }
-        dir = dir.parent().expect("target folder").to_path_buf();
-    }
-    panic!("libhlthunk_sim.so (the hl-thunk test double) was not built beside the tests; run `cargo build -p hlthunk-sim`")
+    test_suite::modules::hlthunk_sim_path().expect(
+        "libhlthunk_sim.so (the hl-thunk test double) is built beside the tests; run `cargo build -p hlthunk-sim`",
+    )
 }
 
 struct Fixture {

@@ -5,8 +5,8 @@
 //! goes host -> device -> host through the NIC, as it would for a user.
 
 use uct_core::{
-    Access, Caps, Completion, Endpoint, EpParams, Iface, Iov, MdFlags, MemHandle, MemoryType,
-    Registry, RemoteKey, RkeyBundle, Status,
+    Caps, Completion, Endpoint, EpParams, Iface, Iov, MemHandle, MemoryType, Registry, RemoteKey,
+    RkeyBundle, Status,
 };
 
 use super::error::{PerfError, Result};
@@ -19,19 +19,8 @@ pub struct Stage {
     /// The other half of a loopback pair on CONNECT_TO_EP transports.
     _peer: Option<Box<dyn Endpoint>>,
     keys: Vec<(u64, RemoteKey)>,
-    _buffer: Option<Box<[u8]>>,
-}
-
-fn host_buffer(iface: &dyn Iface, len: usize) -> Result<(MemHandle, Option<Box<[u8]>>)> {
-    let md = iface.md();
-    let a = md.attrs();
-    if a.flags.contains(MdFlags::ALLOC) && a.alloc_mem_types.contains(&MemoryType::Host) {
-        return Ok((md.alloc(len, MemoryType::Host, Access::all_rights())?, None));
-    }
-    let mut buf = vec![0u8; len].into_boxed_slice();
-    // SAFETY: the buffer lives in the Stage as long as the handle.
-    let mem = unsafe { md.register(buf.as_mut_ptr(), len, Access::all_rights()) }?;
-    Ok((mem, Some(buf)))
+    /// Host memory registered with MDs that do not allocate.
+    _buffers: Vec<Box<[u8]>>,
 }
 
 impl Stage {
@@ -42,7 +31,8 @@ impl Stage {
         len: usize,
         bufs: &[&MemHandle],
     ) -> Result<Stage> {
-        let (host, buffer) = host_buffer(iface.as_ref(), len)?;
+        let mut buffers = Vec::new();
+        let host = super::session::alloc(reg, iface.as_ref(), MemoryType::Host, len, &mut buffers)?;
         let md = iface.md().clone();
         let mut keys = Vec::new();
         for b in bufs {
@@ -69,7 +59,7 @@ impl Stage {
             ep,
             _peer: peer,
             keys,
-            _buffer: buffer,
+            _buffers: buffers,
         })
     }
 }
@@ -83,7 +73,20 @@ fn key_of<'a>(keys: &'a [(u64, RemoteKey)], mem: &MemHandle) -> Result<&'a Remot
     }
 }
 
-fn finish(iface: &mut dyn Iface, st: Status, comp: &Completion) -> Result<()> {
+/// Posts `op` until the transport takes it, then waits for its completion.
+fn post_and_wait(
+    iface: &mut dyn Iface,
+    mut op: impl FnMut(&Completion) -> uct_core::Result<Status>,
+) -> Result<()> {
+    let comp = Completion::new();
+    let st = loop {
+        match op(&comp)? {
+            Status::NoResource => {
+                iface.progress();
+            }
+            st => break st,
+        }
+    };
     if st == Status::InProgress {
         let t0 = std::time::Instant::now();
         while !comp.is_complete() {
@@ -123,52 +126,21 @@ impl Stage {
         fill(&mut v);
         self.host.write(0, &v)?;
         let key = key_of(&self.keys, mem)?;
-        let comp = Completion::new();
-        let st = loop {
-            match self.ep.put_zcopy(
-                &[Iov::new(&self.host, 0, len)],
-                mem.addr(),
-                key,
-                Some(&comp),
-            )? {
-                Status::NoResource => {
-                    iface.progress();
-                }
-                st => break st,
-            }
-        };
-        finish(iface, st, &comp)?;
-        let comp = Completion::new();
-        let st = loop {
-            match self.ep.flush(Some(&comp))? {
-                Status::NoResource => {
-                    iface.progress();
-                }
-                st => break st,
-            }
-        };
-        finish(iface, st, &comp)
+        let (ep, host) = (&mut self.ep, &self.host);
+        post_and_wait(iface, |c| {
+            ep.put_zcopy(&[Iov::new(host, 0, len)], mem.addr(), key, Some(c))
+        })?;
+        post_and_wait(iface, |c| ep.flush(Some(c)))
     }
 
     /// Reads `len` bytes of `mem` at offset 0.
     pub fn read(&mut self, iface: &mut dyn Iface, mem: &MemHandle, len: usize) -> Result<Vec<u8>> {
         self.check_len(len)?;
         let key = key_of(&self.keys, mem)?;
-        let comp = Completion::new();
-        let st = loop {
-            match self.ep.get_zcopy(
-                &[Iov::new(&self.host, 0, len)],
-                mem.addr(),
-                key,
-                Some(&comp),
-            )? {
-                Status::NoResource => {
-                    iface.progress();
-                }
-                st => break st,
-            }
-        };
-        finish(iface, st, &comp)?;
+        let (ep, host) = (&mut self.ep, &self.host);
+        post_and_wait(iface, |c| {
+            ep.get_zcopy(&[Iov::new(host, 0, len)], mem.addr(), key, Some(c))
+        })?;
         let mut v = vec![0u8; len];
         self.host.read(0, &mut v)?;
         Ok(v)

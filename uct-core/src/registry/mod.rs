@@ -312,47 +312,30 @@ impl Registry {
     /// Like [`resources`](Self::resources) with or without `UCT_TLS`.
     pub fn resources_filtered(&self, apply_config: bool) -> Vec<Resource> {
         let mut out = Vec::new();
-        for info in &self.components {
-            let comp = &info.component;
-            let mds = match comp.md_names() {
-                Ok(m) => m,
+        for (comp, md) in self.memory_domains() {
+            let tls = match comp.tl_resources(&md) {
+                Ok(t) => t,
                 Err(e) => {
-                    self.note_md_error(comp.name(), e.to_string());
+                    self.note_md_error(comp.name(), format!("memory domain {}: {e}", md.name()));
                     continue;
                 }
             };
-            for md_name in mds {
-                let md = match comp.open_md(&md_name) {
-                    Ok(md) => md,
-                    Err(e) => {
-                        self.note_md_error(comp.name(), format!("memory domain {md_name}: {e}"));
+            for tl in tls {
+                if apply_config {
+                    if !self.tls.allows(&tl.transport) {
                         continue;
                     }
-                };
-                let tls = match comp.tl_resources(&md) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        self.note_md_error(comp.name(), format!("memory domain {md_name}: {e}"));
+                    if tl.device_type == crate::iface::DeviceType::Network
+                        && !self.net_devices.allows(&tl.device)
+                    {
                         continue;
                     }
-                };
-                for tl in tls {
-                    if apply_config {
-                        if !self.tls.allows(&tl.transport) {
-                            continue;
-                        }
-                        if tl.device_type == crate::iface::DeviceType::Network
-                            && !self.net_devices.allows(&tl.device)
-                        {
-                            continue;
-                        }
-                    }
-                    out.push(Resource {
-                        component: comp.clone(),
-                        md: md.clone(),
-                        tl,
-                    });
                 }
+                out.push(Resource {
+                    component: comp.clone(),
+                    md: md.clone(),
+                    tl,
+                });
             }
         }
         out
