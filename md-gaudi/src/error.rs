@@ -101,6 +101,7 @@ impl From<GaudiError> for UctError {
             GaudiError::Driver { device, call, err } => UctError::Device {
                 device,
                 message: format!("{call} failed: {err}"),
+                source: Some(err.into()),
             },
         }
     }

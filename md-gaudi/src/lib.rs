@@ -87,9 +87,10 @@ impl GaudiComponent {
         self.mds
             .get_or_init(|| open_devices(&configured_library()).map_err(|e| e.to_string()))
             .as_deref()
-            .map_err(|e| UctError::Io {
-                context: "hl-thunk".into(),
+            .map_err(|e| UctError::Device {
+                device: "hl-thunk".into(),
                 message: e.clone(),
+                source: None,
             })
     }
 }

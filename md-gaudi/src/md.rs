@@ -54,7 +54,8 @@ struct GaudiAlloc {
 fn dup(fd: &OwnedFd, device: &str) -> Result<OwnedFd> {
     fd.try_clone().map_err(|e| UctError::Device {
         device: device.to_string(),
-        message: format!("cannot dup the DMA-buf fd: {e}; raise the open-file limit (ulimit -n)"),
+        message: "cannot dup the DMA-buf fd; raise the open-file limit (ulimit -n)".into(),
+        source: Some(e.into()),
     })
 }
 

@@ -451,6 +451,7 @@ impl IbMd {
                         "ibv_reg_dmabuf_mr(fd {}, {len} bytes) was refused with EPERM: the NIC could not attach the DMA-buf, which happens when PCIe peer-to-peer between the NIC and the device is not allowed; disable ACS on the PCIe switches between them, or use a NIC and device under the same switch",
                         fd.as_raw_fd()
                     ),
+                    source: Some(std::io::Error::from_raw_os_error(errno).into()),
                 });
             }
             if errno == libc::EOPNOTSUPP {

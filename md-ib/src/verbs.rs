@@ -28,9 +28,10 @@ pub fn errno_error(what: &str, errno: i32) -> UctError {
         libc::EINVAL => "; a parameter is outside what the device accepts",
         _ => "",
     };
-    UctError::Io {
-        context: format!("verbs: {what}"),
-        message: format!("{e}{hint}"),
+    UctError::Device {
+        device: "verbs".into(),
+        message: format!("{what}: {e}{hint}"),
+        source: Some(e.into()),
     }
 }
 

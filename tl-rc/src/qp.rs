@@ -156,7 +156,7 @@ impl Qp {
         let r = unsafe { ibv_modify_qp(self.as_ptr(), a, mask as i32) };
         if r != 0 {
             let mut e = errno_error(&format!("ibv_modify_qp {what} on QP {}", self.qpn()), r);
-            if let UctError::Io { message, .. } = &mut e {
+            if let UctError::Device { message, .. } = &mut e {
                 message.push_str("; the peer address (GID, QP number, MTU) may be wrong, or UCT_IB_GID_INDEX names a GID of another type");
             }
             return Err(e);

@@ -13,8 +13,10 @@ use crate::error::{Result, UctError};
 /// width, that is only accessed atomically while this runs.
 pub unsafe fn fetch_at(p: *mut u8, op: FetchOp) -> Result<u64> {
     use AtomicValue::{U32, U64};
-    // SAFETY (both helpers): the caller's contract.
+    // SAFETY: the caller guarantees `p` is live, 4-byte aligned for a
+    // 32-bit op and accessed only atomically; only called for U32 ops.
     let a32 = || unsafe { AtomicU32::from_ptr(p as *mut u32) };
+    // SAFETY: as above, 8 bytes and 8-byte aligned for a 64-bit op.
     let a64 = || unsafe { AtomicU64::from_ptr(p as *mut u64) };
     let sc = Ordering::SeqCst;
     Ok(match op {

@@ -25,8 +25,12 @@ const KIND_DATA: u16 = 2;
 /// Errors of the bootstrap layer.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum BootstrapError {
-    #[error("bootstrap {what} failed: {message}")]
-    Io { what: String, message: String },
+    #[error("bootstrap {what} failed: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: crate::error::ErrorSource,
+    },
     #[error("bootstrap {what} timed out after {timeout:?}; check that the peer is running and reachable, or raise UCT_BOOTSTRAP_TIMEOUT")]
     Timeout { what: String, timeout: Duration },
     #[error("the bootstrap peer is not speaking the uct-rs bootstrap protocol (bad frame magic); check the host and port")]
@@ -48,7 +52,7 @@ type Result<T> = std::result::Result<T, BootstrapError>;
 fn io_err(what: &str, e: std::io::Error) -> BootstrapError {
     BootstrapError::Io {
         what: what.into(),
-        message: e.to_string(),
+        source: e.into(),
     }
 }
 
@@ -112,10 +116,10 @@ impl BootstrapChannel {
             .map_err(|e| io_err("address lookup", e))?
             .collect();
         if addrs.is_empty() {
-            return Err(BootstrapError::Io {
-                what: "address lookup".into(),
-                message: "no address".into(),
-            });
+            return Err(io_err(
+                "address lookup",
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no address"),
+            ));
         }
         let deadline = Instant::now() + timeout;
         let mut last = String::new();

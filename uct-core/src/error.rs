@@ -1,7 +1,67 @@
 //! The error type of the transport layer. Every message says what failed and
 //! what to do about it.
 
+use std::fmt;
+use std::sync::Arc;
+
 use crate::memory::{Access, MemoryType};
+
+/// The underlying error of a [`UctError`] (an `io::Error`, a driver's or a
+/// verbs error), kept as its `source()` so that callers can walk the chain
+/// and downcast. Shared, so that `UctError` stays `Clone`; two sources are
+/// equal when their messages are.
+#[derive(Clone)]
+pub struct ErrorSource(Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl ErrorSource {
+    /// Wraps an error.
+    pub fn new(err: impl std::error::Error + Send + Sync + 'static) -> Self {
+        ErrorSource(Arc::new(err))
+    }
+
+    /// The wrapped error.
+    pub fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+
+    /// The wrapped error as `E`, if it is one.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.0.downcast_ref::<E>()
+    }
+}
+
+impl From<std::io::Error> for ErrorSource {
+    fn from(err: std::io::Error) -> Self {
+        ErrorSource::new(err)
+    }
+}
+
+impl fmt::Debug for ErrorSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for ErrorSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+// Transparent: the chain continues with the wrapped error's own source.
+impl std::error::Error for ErrorSource {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for ErrorSource {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for ErrorSource {}
 
 /// Result of a uct-core operation.
 pub type Result<T, E = UctError> = std::result::Result<T, E>;
@@ -82,13 +142,23 @@ pub enum UctError {
     Protocol(String),
 
     #[error("{device}: {message}")]
-    Device { device: String, message: String },
+    Device {
+        device: String,
+        message: String,
+        /// The driver's or library's own error, where there is one.
+        #[source]
+        source: Option<ErrorSource>,
+    },
 
     #[error("out of memory: {0}")]
     NoMemory(String),
 
-    #[error("{context}: {message}")]
-    Io { context: String, message: String },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: ErrorSource,
+    },
 
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
@@ -102,7 +172,19 @@ impl UctError {
     pub fn io(context: impl Into<String>, err: std::io::Error) -> Self {
         UctError::Io {
             context: context.into(),
-            message: err.to_string(),
+            source: ErrorSource::new(err),
+        }
+    }
+
+    /// An error of a library or driver below uct-rs (verbs, hl-thunk,
+    /// CUDA), kept as the source; `context` says what was being done.
+    pub fn lower(
+        context: impl Into<String>,
+        err: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        UctError::Io {
+            context: context.into(),
+            source: ErrorSource::new(err),
         }
     }
 

@@ -141,6 +141,74 @@ pub type AmHandler = Box<dyn FnMut(AmMessage<'_>) + Send>;
 /// Number of active-message ids.
 pub const AM_ID_MAX: usize = 32;
 
+/// The active-message handler table of an iface: one optional handler per
+/// id below [`AM_ID_MAX`]. Every transport keeps one and delivers through
+/// [`deliver`](AmHandlers::deliver), so ids are checked in one place.
+pub struct AmHandlers {
+    slots: Vec<Option<AmHandler>>,
+    transport: String,
+}
+
+impl AmHandlers {
+    /// An empty table; `transport` names the iface in the warning logged for
+    /// a message that has no handler.
+    pub fn new(transport: impl Into<String>) -> Self {
+        AmHandlers {
+            slots: (0..AM_ID_MAX).map(|_| None).collect(),
+            transport: transport.into(),
+        }
+    }
+
+    /// Installs the handler for `id`; an id at or above [`AM_ID_MAX`] is an
+    /// error that names the limit.
+    pub fn set(&mut self, id: u8, handler: AmHandler) -> Result<()> {
+        let slot = self.slots.get_mut(id as usize).ok_or_else(|| {
+            crate::error::UctError::InvalidParam(format!(
+                "active message id {id} is not below {AM_ID_MAX}"
+            ))
+        })?;
+        *slot = Some(handler);
+        Ok(())
+    }
+
+    /// Whether a handler is installed for `id`.
+    pub fn has(&self, id: u8) -> bool {
+        matches!(self.slots.get(id as usize), Some(Some(_)))
+    }
+
+    /// Calls the handler of `id` with `data`. A message with no handler (or
+    /// an id out of range, which a peer may send) is dropped with a warning;
+    /// returns whether a handler ran.
+    pub fn deliver(&mut self, id: u8, data: &[u8]) -> bool {
+        match self.slots.get_mut(id as usize).and_then(Option::as_mut) {
+            Some(h) => {
+                h(AmMessage { id, data });
+                true
+            }
+            None => {
+                log::warn!(
+                    "{}: dropped active message {id} ({} bytes): no handler set",
+                    self.transport,
+                    data.len()
+                );
+                false
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for AmHandlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].is_some())
+            .collect();
+        f.debug_struct("AmHandlers")
+            .field("transport", &self.transport)
+            .field("ids", &ids)
+            .finish()
+    }
+}
+
 /// Parameters of a new iface.
 #[derive(Debug, Clone, Default)]
 pub struct IfaceParams {
@@ -165,4 +233,40 @@ pub trait Iface: Send {
     fn set_am_handler(&mut self, id: u8, handler: AmHandler) -> Result<()>;
     /// Drives receives and completions; returns how many events it handled.
     fn progress(&mut self) -> usize;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn am_handlers_deliver_to_the_installed_id_only() {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let mut table = AmHandlers::new("test");
+        let h = hits.clone();
+        table
+            .set(
+                3,
+                Box::new(move |m| {
+                    assert_eq!(m.id, 3);
+                    h.fetch_add(m.data.len(), Ordering::Relaxed);
+                }),
+            )
+            .unwrap();
+        assert!(table.has(3));
+        assert!(!table.has(4));
+        assert!(table.deliver(3, &[1, 2, 3]));
+        assert!(!table.deliver(4, &[1]));
+        assert!(!table.deliver(255, &[1]));
+        assert_eq!(hits.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn am_handlers_refuse_ids_at_the_limit() {
+        let mut table = AmHandlers::new("test");
+        let err = table.set(AM_ID_MAX as u8, Box::new(|_| {})).unwrap_err();
+        assert!(err.to_string().contains("not below 32"), "{err}");
+        assert!(table.set(AM_ID_MAX as u8 - 1, Box::new(|_| {})).is_ok());
+    }
 }

@@ -10,6 +10,8 @@
 //! - The `self` transport (loopback in one process) and the host memory MD
 //!   live here; configuration, logging and the bootstrap channel too.
 
+#![warn(missing_docs)]
+
 pub mod atomic_ops;
 pub mod bootstrap;
 pub mod completion;
@@ -33,9 +35,9 @@ pub use completion::{Completion, CompletionData, Status};
 pub use component::{BuiltinComponent, Component};
 pub use config::{Config, ConfigKind, ConfigVar};
 pub use ep::{AtomicValue, Endpoint, FetchOp};
-pub use error::{Result, UctError};
+pub use error::{ErrorSource, Result, UctError};
 pub use iface::{
-    AmHandler, AmMessage, Caps, DeviceType, EpParams, Iface, IfaceAttrs, IfaceParams, SizeLimits,
+    AmHandler, AmHandlers, AmMessage, Caps, DeviceType, EpParams, Iface, IfaceAttrs, IfaceParams, SizeLimits,
     TlResource,
 };
 pub use md::{MdAttrs, MdFlags, MemInfo, MemoryDomain};
