@@ -299,12 +299,12 @@ pub fn absent(reg: &Registry) -> Vec<AbsentReport> {
         .into_iter()
         .map(|r| r.tl.transport)
         .collect();
-    uct_core::registry::KNOWN_TRANSPORTS
-        .iter()
-        .filter(|(t, _)| !present.iter().any(|p| p == t))
-        .map(|(t, _)| AbsentReport {
-            transport: t.to_string(),
-            reason: reg.explain_absent(t),
+    reg.transport_names()
+        .into_iter()
+        .filter(|t| !present.contains(t))
+        .map(|t| AbsentReport {
+            reason: reg.explain_absent(&t),
+            transport: t,
         })
         .collect()
 }

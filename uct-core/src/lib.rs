@@ -37,8 +37,8 @@ pub use config::{Config, ConfigKind, ConfigVar};
 pub use ep::{AtomicValue, Endpoint, FetchOp};
 pub use error::{ErrorSource, Result, UctError};
 pub use iface::{
-    AmHandler, AmHandlers, AmMessage, Caps, DeviceType, EpParams, Iface, IfaceAttrs, IfaceParams, SizeLimits,
-    TlResource,
+    AmHandler, AmHandlers, AmMessage, Caps, DeviceType, EpParams, Iface, IfaceAttrs, IfaceParams,
+    SizeLimits, TlResource,
 };
 pub use md::{MdAttrs, MdFlags, MemInfo, MemoryDomain};
 pub use memory::{Access, Iov, MemHandle, MemRegion, MemoryType};

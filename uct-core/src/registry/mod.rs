@@ -84,17 +84,6 @@ pub struct ModuleRecord {
     pub status: ModuleStatus,
 }
 
-/// Which transports are expected where: a transport's name and the
-/// component that provides it. Used to say why a transport is absent.
-pub const KNOWN_TRANSPORTS: &[(&str, &str)] = &[
-    ("self", "self"),
-    ("posix", "sm"),
-    ("cma", "sm"),
-    ("tcp", "tcp"),
-    ("rc", "ib"),
-    ("loop", "example"),
-];
-
 /// A transport on a device, with its component and open MD.
 #[derive(Clone)]
 pub struct Resource {
@@ -297,6 +286,21 @@ impl Registry {
         &self.unknown
     }
 
+    /// Every transport some component of this process provides, whether or
+    /// not its devices are present, sorted. Components declare their
+    /// transports ([`Component::transport_names`]); the registry has no list
+    /// of its own.
+    pub fn transport_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .components
+            .iter()
+            .flat_map(|c| c.component.transport_names())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// Whether `UCT_TLS` allows transport `tl`.
     pub fn transport_allowed(&self, tl: &str) -> bool {
         self.tls.allows(tl)
@@ -482,23 +486,26 @@ impl Registry {
                 )
             };
         }
-        let provider = KNOWN_TRANSPORTS
+        let not_loaded: Vec<String> = self
+            .modules
             .iter()
-            .find(|(t, _)| *t == tl)
-            .map(|(_, p)| *p);
-        match provider {
-            Some(p) => match self.modules.iter().find(|m| m.name == p) {
-                Some(m) => format!("module {p} ({}) {}", m.path.display(), m.status),
-                None => format!(
-                    "component {p} is neither built in nor found as libuct_{p}.so in the module path ({})",
-                    self.search_path
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(":")
-                ),
-            },
-            None => "no component provides it".into(),
+            .filter(|m| !m.status.is_loaded())
+            .map(|m| format!("module {} ({}) {}", m.name, m.path.display(), m.status))
+            .collect();
+        if not_loaded.is_empty() {
+            format!(
+                "no component provides it: none built in, and no module in the module path ({}) declares it",
+                self.search_path
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(":")
+            )
+        } else {
+            format!(
+                "no component provides it; modules that could provide it did not load: {}",
+                not_loaded.join("; ")
+            )
         }
     }
 }
