@@ -25,24 +25,49 @@ const KIND_DATA: u16 = 2;
 /// Errors of the bootstrap layer.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum BootstrapError {
+    /// A socket call failed.
     #[error("bootstrap {what} failed: {source}")]
     Io {
+        /// What was being done.
         what: String,
+        /// The socket's error.
         #[source]
         source: crate::error::ErrorSource,
     },
+    /// The peer did not answer in time.
     #[error("bootstrap {what} timed out after {timeout:?}; check that the peer is running and reachable, or raise UCT_BOOTSTRAP_TIMEOUT")]
-    Timeout { what: String, timeout: Duration },
+    Timeout {
+        /// What was being waited for.
+        what: String,
+        /// How long.
+        timeout: Duration,
+    },
+    /// The peer's frames do not start with the protocol's magic.
     #[error("the bootstrap peer is not speaking the uct-rs bootstrap protocol (bad frame magic); check the host and port")]
     BadMagic,
+    /// The peer speaks another protocol version.
     #[error("the bootstrap peer uses protocol version {theirs}, this side {ours}; run the same uct-rs version on both sides")]
-    VersionMismatch { ours: u16, theirs: u16 },
+    VersionMismatch {
+        /// This side's version.
+        ours: u16,
+        /// The peer's version.
+        theirs: u16,
+    },
+    /// A frame longer than the limit.
     #[error("the bootstrap peer sent a {len}-byte frame, more than the {max} allowed")]
-    TooLarge { len: usize, max: usize },
+    TooLarge {
+        /// The length the frame header announced.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A frame kind this side does not expect here.
     #[error("the bootstrap peer sent an unexpected frame kind {0}")]
     UnexpectedKind(u16),
+    /// The peer closed the connection.
     #[error("the bootstrap peer closed the connection")]
     Closed,
+    /// A message body that does not decode.
     #[error("the bootstrap peer sent a message that does not decode: {0}")]
     Decode(String),
 }
@@ -72,6 +97,7 @@ impl BootstrapListener {
         Ok(BootstrapListener { listener, timeout })
     }
 
+    /// The address the listener is bound to (with the port the OS chose).
     pub fn local_addr(&self) -> Result<SocketAddr> {
         self.listener.local_addr().map_err(|e| io_err("listen", e))
     }
@@ -165,6 +191,7 @@ impl BootstrapChannel {
         self.max_frame = max;
     }
 
+    /// The peer's address, when the socket still knows it.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.stream.peer_addr().ok()
     }

@@ -63,6 +63,7 @@ impl std::fmt::Debug for Completion {
 }
 
 impl Completion {
+    /// A completion with nothing pending yet.
     pub fn new() -> Self {
         Completion(Arc::new(Mutex::new(State {
             pending: 0,

@@ -50,6 +50,7 @@ pub trait Component: Send + Sync {
 /// A component compiled into the program; `inventory::submit!` one to make
 /// it found by the registry.
 pub struct BuiltinComponent {
+    /// Creates the component; called once per registry.
     pub create: fn() -> Arc<dyn Component>,
 }
 

@@ -8,12 +8,17 @@ use std::time::Duration;
 /// Errors of the configuration layer.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum ConfigError {
+    /// A value that does not parse as the variable's kind.
     #[error("{name}={value} is not valid: expected {expected}; `transport-info -c -f` documents every variable")]
     Invalid {
+        /// The variable.
         name: String,
+        /// The value found.
         value: String,
+        /// What the kind accepts.
         expected: String,
     },
+    /// A name no table declares.
     #[error("{0} is not a known configuration variable; `transport-info -c` lists them")]
     Unknown(String),
 }
@@ -21,7 +26,9 @@ pub enum ConfigError {
 /// Type of a configuration value; values are checked against it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigKind {
+    /// Any text.
     String,
+    /// `y`/`yes`/`1`/`true`/`on` or `n`/`no`/`0`/`false`/`off`.
     Bool,
     /// Unsigned integer, or `auto`.
     Uint,
@@ -67,9 +74,13 @@ impl ConfigKind {
 /// One variable of a table.
 #[derive(Debug, Clone, Copy)]
 pub struct ConfigVar {
+    /// `UCT_...` name.
     pub name: &'static str,
+    /// Value used when the environment does not set it.
     pub default: &'static str,
+    /// How the value is parsed.
     pub kind: ConfigKind,
+    /// What it does, for `transport-info -c -f`.
     pub doc: &'static str,
 }
 
@@ -116,17 +127,22 @@ pub const CORE_CONFIG: &[ConfigVar] = &[
 /// Where a value came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ValueSource {
+    /// Nobody set it; the table's default.
     Default,
+    /// Set in the process environment.
     Environment,
 }
 
 /// A variable with its value in force.
 #[derive(Debug, Clone)]
 pub struct ConfigEntry {
+    /// The variable's declaration.
     pub var: ConfigVar,
     /// Which table it belongs to (`core`, or a component's name).
     pub owner: String,
+    /// The value in force.
     pub value: String,
+    /// Where the value came from.
     pub source: ValueSource,
 }
 
@@ -221,10 +237,12 @@ impl Config {
         }
     }
 
+    /// The value of `name` as text.
     pub fn get_str(&self, name: &str) -> Result<&str, ConfigError> {
         Ok(&self.entry(name)?.value)
     }
 
+    /// The value of `name` as a boolean.
     pub fn get_bool(&self, name: &str) -> Result<bool, ConfigError> {
         let e = self.entry(name)?;
         parse_bool(&e.value).ok_or_else(|| Self::invalid(e))
@@ -239,20 +257,24 @@ impl Config {
         e.value.parse().map(Some).map_err(|_| Self::invalid(e))
     }
 
+    /// The value of `name` in bytes.
     pub fn get_size(&self, name: &str) -> Result<u64, ConfigError> {
         let e = self.entry(name)?;
         parse_size(&e.value).ok_or_else(|| Self::invalid(e))
     }
 
+    /// The value of `name` as a duration.
     pub fn get_duration(&self, name: &str) -> Result<Duration, ConfigError> {
         let e = self.entry(name)?;
         parse_duration(&e.value).ok_or_else(|| Self::invalid(e))
     }
 
+    /// The value of `name` as an allow-list.
     pub fn get_allow_list(&self, name: &str) -> Result<AllowList, ConfigError> {
         Ok(AllowList::parse(&self.entry(name)?.value))
     }
 
+    /// The value of `name` as a colon-separated list of paths (empty entries dropped).
     pub fn get_paths(&self, name: &str) -> Result<Vec<std::path::PathBuf>, ConfigError> {
         Ok(self
             .entry(name)?
@@ -305,7 +327,9 @@ impl Config {
 /// A `UCT_*` variable nobody declared.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownVar {
+    /// Its name as found in the environment.
     pub name: String,
+    /// The closest known name, if one is close.
     pub suggestion: Option<String>,
 }
 
@@ -327,6 +351,7 @@ pub struct AllowList {
 }
 
 impl AllowList {
+    /// Parses `all`, `a,b` or `^a,b`; an empty list allows everything.
     pub fn parse(s: &str) -> AllowList {
         let s = s.trim();
         let (negate, rest) = match s.strip_prefix('^') {
@@ -352,6 +377,7 @@ impl AllowList {
         }
     }
 
+    /// Whether `name` is allowed.
     pub fn allows(&self, name: &str) -> bool {
         self.names.iter().any(|n| n == name) != self.negate
     }
@@ -361,11 +387,13 @@ impl AllowList {
         &self.names
     }
 
+    /// Whether the list names what to exclude (`^`).
     pub fn is_negated(&self) -> bool {
         self.negate
     }
 }
 
+/// Parses a boolean value; `None` if it is not one.
 pub fn parse_bool(s: &str) -> Option<bool> {
     match s.to_ascii_lowercase().as_str() {
         "y" | "yes" | "1" | "true" | "on" => Some(true),
@@ -374,6 +402,7 @@ pub fn parse_bool(s: &str) -> Option<bool> {
     }
 }
 
+/// Parses a byte size with an optional suffix (`64k`, `4M`, `1G`); `None` on overflow or a bad suffix.
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
@@ -390,6 +419,7 @@ pub fn parse_size(s: &str) -> Option<u64> {
     n.checked_mul(mult)
 }
 
+/// Parses a duration with a unit (`ns`, `us`, `ms`, `s`, `m`); `None` if it has none.
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit() && c != '.')?;

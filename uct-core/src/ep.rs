@@ -8,17 +8,21 @@ use crate::rkey::RemoteKey;
 /// Atomic operand width.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AtomicValue {
+    /// A 32-bit operand.
     U32(u32),
+    /// A 64-bit operand.
     U64(u64),
 }
 
 impl AtomicValue {
+    /// Its width in bytes.
     pub fn width(self) -> usize {
         match self {
             AtomicValue::U32(_) => 4,
             AtomicValue::U64(_) => 8,
         }
     }
+    /// Its value widened to 64 bits.
     pub fn as_u64(self) -> u64 {
         match self {
             AtomicValue::U32(v) => v as u64,
@@ -37,12 +41,15 @@ pub enum FetchOp {
     Swap(AtomicValue),
     /// If the target equals `compare`, store `swap`; return the old value.
     CompareSwap {
+        /// The value the target must hold.
         compare: AtomicValue,
+        /// The value stored when it does.
         swap: AtomicValue,
     },
 }
 
 impl FetchOp {
+    /// Width of the operands in bytes.
     pub fn width(self) -> usize {
         match self {
             FetchOp::Add(v) | FetchOp::Swap(v) => v.width(),

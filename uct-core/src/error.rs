@@ -69,100 +69,157 @@ pub type Result<T, E = UctError> = std::result::Result<T, E>;
 /// Errors of memory domains, transports and endpoints.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum UctError {
+    /// A parameter the caller passed is not acceptable; the text says which.
     #[error("invalid parameter: {0}")]
     InvalidParam(String),
 
+    /// The transport lacks the capability the operation needs.
     #[error("{transport} does not support {operation}; check `transport-info -d -t {transport}` for its capabilities")]
     Unsupported {
+        /// The transport asked.
         transport: String,
+        /// The operation it does not have.
         operation: String,
     },
 
+    /// Memory of a type the MD or transport cannot touch.
     #[error("{owner} cannot use {mem_type} memory: {hint}")]
     MemoryTypeUnsupported {
+        /// The memory type offered.
         mem_type: MemoryType,
+        /// The MD or transport that refused it.
         owner: String,
+        /// What to use instead.
         hint: String,
     },
 
+    /// A remote access reaches outside the region the peer registered.
     #[error("remote access [{addr:#x}, +{len}) is outside the registered region [{base:#x}, +{region_len}); use an address and length inside the range the peer registered")]
     OutOfRange {
+        /// First remote address of the access.
         addr: u64,
+        /// Its length in bytes.
         len: u64,
+        /// First address of the registered region.
         base: u64,
+        /// Length of the registered region.
         region_len: u64,
     },
 
+    /// A local buffer access reaches outside its memory handle.
     #[error("local buffer access at offset {offset} length {len} is outside the memory handle of {handle_len} bytes")]
     LocalOutOfRange {
+        /// Offset into the handle.
         offset: usize,
+        /// Length of the access.
         len: usize,
+        /// Length of the handle.
         handle_len: usize,
     },
 
+    /// The region does not grant the rights the operation needs.
     #[error("access denied: the region grants {granted}, the operation needs {needed}; register the region with the rights the peer needs")]
-    AccessDenied { needed: Access, granted: Access },
+    AccessDenied {
+        /// Rights the operation needs.
+        needed: Access,
+        /// Rights the region was registered with.
+        granted: Access,
+    },
 
+    /// The rkey's secret does not match the registration it names.
     #[error("the rkey's secret does not match the registered region; the rkey is forged, stale or from another registration")]
     BadSecret,
 
+    /// The rkey names a region that is not registered (any more).
     #[error("region {region_id} is not registered (it was deregistered or never existed); ask the peer for a fresh rkey")]
-    NoSuchRegion { region_id: u64 },
+    NoSuchRegion {
+        /// The region id the rkey carries.
+        region_id: u64,
+    },
 
+    /// Rkey bytes that do not decode.
     #[error("malformed rkey: {0}; pass the exact bytes produced by pack_rkey")]
     BadRkey(String),
 
+    /// An rkey unpacked by the wrong component.
     #[error("the rkey belongs to {found}, not {expected}; unpack it with the component of the transport that uses it")]
-    RkeyMismatch { expected: String, found: String },
+    RkeyMismatch {
+        /// The component that tried to unpack it.
+        expected: String,
+        /// The component that packed it.
+        found: String,
+    },
 
+    /// An atomic at an address not aligned to its width.
     #[error(
         "atomic access at {addr:#x} is not aligned to {align} bytes; align the remote address"
     )]
-    Misaligned { addr: u64, align: u64 },
+    Misaligned {
+        /// The remote address.
+        addr: u64,
+        /// The alignment required, in bytes.
+        align: u64,
+    },
 
+    /// A device or memory domain that is not present.
     #[error("no such device: {0}; `transport-info -d` lists the devices present")]
     NoDevice(String),
 
+    /// A transport that is not present; the text says why.
     #[error("no such transport: {0}; `transport-info -d` lists the transports present")]
     NoTransport(String),
 
+    /// The peer's address cannot be reached from this iface.
     #[error("cannot reach the peer: {0}")]
     Unreachable(String),
 
+    /// A wait passed its deadline.
     #[error("timed out: {0}")]
     Timeout(String),
 
+    /// The endpoint can no longer be used (peer gone, NIC error).
     #[error("endpoint failed: {0}; create a new endpoint to the peer")]
     EndpointFailed(String),
 
+    /// An operation canceled before it completed (its endpoint closed).
     #[error("operation canceled: {0}")]
     Canceled(String),
 
+    /// The peer broke the wire protocol; the connection was closed.
     #[error("protocol error from the peer: {0}; the connection was closed")]
     Protocol(String),
 
+    /// A device or driver refused; `message` says what to do.
     #[error("{device}: {message}")]
     Device {
+        /// The device, library or driver.
         device: String,
+        /// What failed and what to do.
         message: String,
         /// The driver's or library's own error, where there is one.
         #[source]
         source: Option<ErrorSource>,
     },
 
+    /// Memory could not be allocated or registered for lack of it.
     #[error("out of memory: {0}")]
     NoMemory(String),
 
+    /// A system call or lower library failed.
     #[error("{context}: {source}")]
     Io {
+        /// What was being done.
         context: String,
+        /// The error it gave.
         #[source]
         source: ErrorSource,
     },
 
+    /// An invalid configuration value.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
 
+    /// The bootstrap channel failed.
     #[error(transparent)]
     Bootstrap(#[from] crate::bootstrap::BootstrapError),
 }

@@ -27,10 +27,13 @@ pub struct HostAlloc {
 // SAFETY: the buffer is owned exclusively; access to its bytes is the
 // caller's protocol (memory handles).
 unsafe impl Send for HostAlloc {}
-// SAFETY: as for Send; no interior mutability.
+// SAFETY: `&HostAlloc` only hands out the pointer and the length; it never
+// reads or writes the bytes itself, so sharing it cannot race. Whoever
+// dereferences the pointer follows the memory handles' contract.
 unsafe impl Sync for HostAlloc {}
 
 impl HostAlloc {
+    /// Allocates `len` bytes of page-aligned host memory (huge pages where the size warrants and the system allows).
     pub fn new(len: usize) -> Result<HostAlloc> {
         if len >= HUGE {
             if let Some(a) = Self::huge(len) {
@@ -88,14 +91,17 @@ impl HostAlloc {
         })
     }
 
+    /// Start of the allocation.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 
+    /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the length is 0.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -126,7 +132,8 @@ mod tests {
             if len >= HUGE {
                 assert_eq!(a.as_ptr() as usize % HUGE, 0);
             }
-            // SAFETY: the buffer has len bytes.
+            // SAFETY: `a` owns `len` zero-initialised bytes at `as_ptr()`,
+            // alive until `a` drops, and no other reference to them exists.
             let s = unsafe { std::slice::from_raw_parts_mut(a.as_ptr(), len) };
             assert!(s.iter().all(|&b| b == 0));
             s.fill(7);

@@ -29,7 +29,8 @@ struct HostBacking {
 // SAFETY: the allocation pointer is owned exclusively by this backing and is
 // only freed in Drop; access to the memory itself is the region's contract.
 unsafe impl Send for HostBacking {}
-// SAFETY: see Send; HostBacking has no interior mutability.
+// SAFETY: `&HostBacking` exposes only the address and length, never the
+// bytes, so sharing it cannot race; the bytes follow the region's contract.
 unsafe impl Sync for HostBacking {}
 
 impl MemBacking for HostBacking {
@@ -48,6 +49,7 @@ impl Drop for HostBacking {
 }
 
 impl HostMd {
+    /// A host MD named `name` for `component`, with its own region table.
     pub fn new(component: &str, name: &str) -> Arc<HostMd> {
         Arc::new(HostMd {
             component: component.into(),

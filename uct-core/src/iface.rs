@@ -11,20 +11,35 @@ bitflags::bitflags! {
     /// What an iface can do.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub struct Caps: u64 {
+        /// Put from a small buffer inlined in the request.
         const PUT_SHORT = 1 << 0;
+        /// Put copied through a transport buffer.
         const PUT_BCOPY = 1 << 1;
+        /// Put straight from registered memory.
         const PUT_ZCOPY = 1 << 2;
+        /// Get of a small value into a local buffer.
         const GET_SHORT = 1 << 3;
+        /// Get copied through a transport buffer.
         const GET_BCOPY = 1 << 4;
+        /// Get straight into registered memory.
         const GET_ZCOPY = 1 << 5;
+        /// Active message with an 8-byte header and a small payload.
         const AM_SHORT = 1 << 6;
+        /// Active message copied through a transport buffer.
         const AM_BCOPY = 1 << 7;
+        /// Active message sent from registered memory.
         const AM_ZCOPY = 1 << 8;
+        /// 32-bit atomics.
         const ATOMIC32 = 1 << 9;
+        /// 64-bit atomics.
         const ATOMIC64 = 1 << 10;
+        /// Flush: completes when every earlier operation has completed at the target.
         const FLUSH = 1 << 11;
+        /// Fence: orders the operations before it before those after it.
         const FENCE = 1 << 12;
+        /// Endpoints connect to a peer iface by its address.
         const CONNECT_TO_IFACE = 1 << 13;
+        /// Endpoints connect to a peer endpoint by its address.
         const CONNECT_TO_EP = 1 << 14;
         /// Peer failure is reported on the endpoint instead of hanging.
         const ERRHANDLE_PEER_FAILURE = 1 << 15;
@@ -50,9 +65,13 @@ impl Caps {
 /// Size limits of one operation class.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SizeLimits {
+    /// Largest short operation, in bytes (inlined in the request).
     pub max_short: usize,
+    /// Largest bcopy operation, in bytes.
     pub max_bcopy: usize,
+    /// Smallest size at which zcopy pays off.
     pub min_zcopy: usize,
+    /// Largest zcopy operation, in bytes.
     pub max_zcopy: usize,
     /// Most iov entries in one zero-copy operation.
     pub max_iov: usize,
@@ -61,9 +80,13 @@ pub struct SizeLimits {
 /// Attributes of an open iface.
 #[derive(Debug, Clone)]
 pub struct IfaceAttrs {
+    /// What the iface can do.
     pub caps: Caps,
+    /// Size limits of puts.
     pub put: SizeLimits,
+    /// Size limits of gets.
     pub get: SizeLimits,
+    /// Size limits of active messages.
     pub am: SizeLimits,
     /// Largest active-message header in a zero-copy AM.
     pub max_am_header: usize,
@@ -75,8 +98,11 @@ pub struct IfaceAttrs {
     pub bandwidth_bps: f64,
     /// Overhead of posting one operation in nanoseconds.
     pub overhead_ns: f64,
+    /// Length of the iface address.
     pub iface_addr_len: usize,
+    /// Length of the device address.
     pub device_addr_len: usize,
+    /// Length of an endpoint address (CONNECT_TO_EP).
     pub ep_addr_len: usize,
 }
 
@@ -94,6 +120,7 @@ pub enum DeviceType {
 }
 
 impl DeviceType {
+    /// Lower-case name for listings.
     pub fn name(self) -> &'static str {
         match self {
             DeviceType::SelfLoop => "self",
@@ -107,8 +134,11 @@ impl DeviceType {
 /// A transport on a device, as found by its memory domain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlResource {
+    /// Transport name, such as `posix` or `rc`.
     pub transport: String,
+    /// Device name, such as `memory`, `lo` or `rxe0`.
     pub device: String,
+    /// What kind of device it is.
     pub device_type: DeviceType,
     /// PCI address or other system device, where known.
     pub system_device: Option<String>,
@@ -119,7 +149,9 @@ pub struct TlResource {
 pub enum EpParams {
     /// Connect to a peer iface by its addresses (CONNECT_TO_IFACE).
     ToIface {
+        /// The peer's [`Iface::device_address`].
         device_addr: Vec<u8>,
+        /// The peer's [`Iface::iface_address`].
         iface_addr: Vec<u8>,
     },
     /// Create an endpoint to be connected later to a peer endpoint
@@ -131,7 +163,9 @@ pub enum EpParams {
 /// the 8-byte header (little-endian) followed by the payload.
 #[derive(Debug)]
 pub struct AmMessage<'a> {
+    /// The id it was sent with.
     pub id: u8,
+    /// Its bytes, valid only during the handler call.
     pub data: &'a [u8],
 }
 
@@ -219,15 +253,21 @@ pub struct IfaceParams {
 /// One transport on one device. Owned by one thread at a time, which drives
 /// [`progress`](Iface::progress).
 pub trait Iface: Send {
+    /// Transport name.
     fn transport(&self) -> &str;
+    /// Device name.
     fn device(&self) -> &str;
+    /// Capabilities and limits.
     fn attrs(&self) -> &IfaceAttrs;
     /// The memory domain whose memory this iface moves.
     fn md(&self) -> &Arc<dyn MemoryDomain>;
+    /// This device's address, for peers (packed, opaque).
     fn device_address(&self) -> Vec<u8>;
+    /// This iface's address, for peers (packed, opaque).
     fn iface_address(&self) -> Vec<u8>;
     /// Whether a peer with these addresses can be reached from here.
     fn is_reachable(&self, device_addr: &[u8], iface_addr: &[u8]) -> bool;
+    /// Creates an endpoint to a peer.
     fn create_ep(&mut self, params: EpParams) -> Result<Box<dyn Endpoint>>;
     /// Installs the handler for active messages with `id` (< [`AM_ID_MAX`]).
     fn set_am_handler(&mut self, id: u8, handler: AmHandler) -> Result<()>;

@@ -9,6 +9,60 @@
 //! - Remote memory is reached through rkeys ([`RkeyBundle`]).
 //! - The `self` transport (loopback in one process) and the host memory MD
 //!   live here; configuration, logging and the bootstrap channel too.
+//!
+//! The design (object model, module ABI, memory safety across operations,
+//! the trust model) is in `docs/design.md` at the root of the repository.
+//!
+//! # Example: a put over `self`
+//!
+//! An MD, an iface, an endpoint, a put and a flush, over the `self`
+//! transport (loopback inside one process, always built in). Every other
+//! transport is driven the same way; only the addresses travel between
+//! processes (see [`bootstrap`]).
+//!
+//! ```
+//! use uct_core::{Access, Completion, EpParams, MemoryType, Registry, RkeyBundle, Status};
+//!
+//! # fn main() -> uct_core::Result<()> {
+//! let registry = Registry::global();
+//! let resource = registry.find_resource("self", None)?;
+//! let md = resource.md.clone();
+//! let mut iface = resource
+//!     .component
+//!     .open_iface(&md, &resource.tl, &Default::default())?;
+//!
+//! // Memory a peer may write, and the rkey it needs for that: the packed
+//! // bytes are what would be sent to the peer.
+//! let target = md.alloc(4096, MemoryType::Host, Access::all())?;
+//! let packed = RkeyBundle::single(md.pack_rkey(&target)?).pack()?;
+//! let rkey = registry.unpack_rkey(&packed, md.name())?;
+//!
+//! // An endpoint to an iface by its addresses: here, the iface itself.
+//! let mut ep = iface.create_ep(EpParams::ToIface {
+//!     device_addr: iface.device_address(),
+//!     iface_addr: iface.iface_address(),
+//! })?;
+//! while ep.put_bcopy(b"hello", target.addr() + 64, &rkey)? == Status::NoResource {
+//!     iface.progress();
+//! }
+//!
+//! // Flush: complete when every earlier put has landed at the target.
+//! let flushed = Completion::new();
+//! if ep.flush(Some(&flushed))? == Status::InProgress {
+//!     while !flushed.is_complete() {
+//!         iface.progress();
+//!     }
+//!     flushed.result()?;
+//! }
+//!
+//! let at = target.host_ptr(64, 5)?;
+//! // SAFETY: host_ptr checked that [64, 69) lies inside the allocation,
+//! // which `target` keeps alive, and nothing writes it any more.
+//! let landed = unsafe { std::slice::from_raw_parts(at, 5) };
+//! assert_eq!(landed, b"hello");
+//! # Ok(())
+//! # }
+//! ```
 
 #![warn(missing_docs)]
 

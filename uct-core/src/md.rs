@@ -30,22 +30,30 @@ bitflags::bitflags! {
 /// Cost of registering `len` bytes: `overhead_ns + len * per_byte_ns`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RegCost {
+    /// Fixed cost per registration, in nanoseconds.
     pub overhead_ns: f64,
+    /// Cost per byte registered, in nanoseconds.
     pub per_byte_ns: f64,
 }
 
 /// What a memory domain is and can do.
 #[derive(Debug, Clone)]
 pub struct MdAttrs {
+    /// What the MD can do.
     pub flags: MdFlags,
+    /// Memory types it can allocate.
     pub alloc_mem_types: Vec<MemoryType>,
+    /// Memory types it can register.
     pub reg_mem_types: Vec<MemoryType>,
+    /// Memory types it can export as a DMA-buf.
     pub export_mem_types: Vec<MemoryType>,
+    /// Memory types it can detect from a pointer.
     pub detect_mem_types: Vec<MemoryType>,
     /// Largest allocation or registration, in bytes.
     pub max_alloc: u64,
     /// Size of a packed rkey payload in bytes (upper bound).
     pub rkey_packed_size: usize,
+    /// Estimated cost of a registration.
     pub reg_cost: RegCost,
     /// PCI address or other system device this MD's memory sits on.
     pub system_device: Option<String>,
@@ -54,9 +62,11 @@ pub struct MdAttrs {
 /// What [`MemoryDomain::query`] learns about an address.
 #[derive(Debug)]
 pub struct MemInfo {
+    /// The memory type found.
     pub mem_type: MemoryType,
     /// Start and length of the allocation that owns the address.
     pub base: u64,
+    /// Length of the owning allocation.
     pub len: usize,
     /// The system device (a PCI bus id) the memory sits on.
     pub system_device: Option<String>,
@@ -73,6 +83,7 @@ pub trait MemoryDomain: Send + Sync {
     /// Name of the component that opened it.
     fn component(&self) -> &str;
 
+    /// What the MD is and can do.
     fn attrs(&self) -> MdAttrs;
 
     /// One line about the device behind this MD (model, memory size, and

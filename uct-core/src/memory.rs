@@ -23,6 +23,7 @@ pub enum MemoryType {
 }
 
 impl MemoryType {
+    /// Every memory type, in listing order.
     pub const ALL: [MemoryType; 4] = [
         MemoryType::Host,
         MemoryType::Gaudi,
@@ -68,10 +69,15 @@ bitflags::bitflags! {
     /// Access rights on a region, for local use and for remote peers.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
     pub struct Access: u8 {
+        /// This process may read it.
         const LOCAL_READ = 1 << 0;
+        /// This process may write it.
         const LOCAL_WRITE = 1 << 1;
+        /// Peers may read it (get).
         const REMOTE_READ = 1 << 2;
+        /// Peers may write it (put).
         const REMOTE_WRITE = 1 << 3;
+        /// Peers may run atomics on it.
         const REMOTE_ATOMIC = 1 << 4;
     }
 }
@@ -150,24 +156,31 @@ impl MemRegion {
         })
     }
 
+    /// Start address of the region.
     pub fn addr(&self) -> u64 {
         self.addr
     }
+    /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
+    /// Whether the length is 0.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Memory type of the region.
     pub fn mem_type(&self) -> MemoryType {
         self.mem_type
     }
+    /// Rights it was registered with.
     pub fn access(&self) -> Access {
         self.access
     }
+    /// Name of the MD that owns it.
     pub fn md_name(&self) -> &str {
         &self.md_name
     }
+    /// The MD-specific backing (registration, allocation).
     pub fn backing(&self) -> &dyn MemBacking {
         self.backing.as_ref()
     }
@@ -265,12 +278,16 @@ impl fmt::Debug for MemRegion {
 /// One piece of a zero-copy scatter/gather list: a range of a memory handle.
 #[derive(Debug, Clone, Copy)]
 pub struct Iov<'a> {
+    /// The registered memory.
     pub mem: &'a MemHandle,
+    /// Offset into it.
     pub offset: usize,
+    /// Bytes from the offset.
     pub len: usize,
 }
 
 impl<'a> Iov<'a> {
+    /// `len` bytes of `mem` from `offset`; checked when the operation uses it.
     pub fn new(mem: &'a MemHandle, offset: usize, len: usize) -> Self {
         Iov { mem, offset, len }
     }

@@ -43,13 +43,16 @@ pub const FINGERPRINT: &str = concat!(
 /// changes within one `abi_version`.
 #[repr(C)]
 pub struct ModuleAbi {
+    /// [`MODULE_MAGIC`]: says this is a uct-rs module descriptor.
     pub magic: u64,
+    /// [`MODULE_ABI_VERSION`] of the build that made the module.
     pub abi_version: u32,
     /// Nul-terminated fingerprint string.
     pub fingerprint: *const c_char,
 }
 
-// SAFETY: the descriptor only points at a static string.
+// SAFETY: the only pointer in the descriptor is `fingerprint`, which points
+// at a `'static` string that is never written, so sharing it cannot race.
 unsafe impl Sync for ModuleAbi {}
 
 /// The descriptor of this build.
@@ -67,7 +70,9 @@ pub fn fingerprint() -> &'static str {
 /// What the host hands a module at init: its logging entry points, so the
 /// module's records go to whatever logger the host has, now or later.
 pub struct ModuleHost {
+    /// The host's current logger.
     pub logger: fn() -> &'static dyn log::Log,
+    /// The host's current maximum log level.
     pub max_level: fn() -> log::LevelFilter,
 }
 
@@ -119,6 +124,7 @@ impl log::Log for HostLog {
 
 /// What a module's init returns.
 pub struct ModuleExports {
+    /// The components the module provides.
     pub components: Vec<Arc<dyn Component>>,
 }
 

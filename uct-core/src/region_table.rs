@@ -17,10 +17,15 @@ use crate::memory::Access;
 /// the sender refuse a bad access early; the target's table is what decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SoftRkey {
+    /// Id of the region in the owner's table.
     pub region_id: u64,
+    /// Unguessable secret drawn at registration; must match the table's.
     pub secret: u64,
+    /// First address of the region.
     pub base: u64,
+    /// Length of the region in bytes.
     pub len: u64,
+    /// Rights granted to peers.
     pub access: Access,
 }
 
@@ -88,6 +93,7 @@ fn check_rights(granted: Access, needed: Access) -> Result<()> {
 }
 
 impl RegionTable {
+    /// An empty table.
     pub fn new() -> Arc<RegionTable> {
         Arc::new(RegionTable {
             regions: RwLock::new(HashMap::new()),
@@ -155,10 +161,12 @@ impl RegionTable {
             .map(|e| (e.base, e.len))
     }
 
+    /// Number of regions registered.
     pub fn len(&self) -> usize {
         self.regions.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 
+    /// Whether no region is registered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -45,6 +45,7 @@ pub struct RkeyBundle {
 }
 
 impl RkeyBundle {
+    /// An empty bundle.
     pub fn new() -> Self {
         Self::default()
     }
@@ -70,6 +71,7 @@ impl RkeyBundle {
         Ok(())
     }
 
+    /// Its entries, one per memory domain.
     pub fn entries(&self) -> &[RkeyEntry] {
         &self.entries
     }
@@ -196,6 +198,7 @@ pub struct RemoteKey {
 }
 
 impl RemoteKey {
+    /// A key of `component`'s MD `md`; `inner` is the component's own key type.
     pub fn new(
         component: impl Into<String>,
         md: impl Into<String>,
@@ -208,10 +211,12 @@ impl RemoteKey {
         }
     }
 
+    /// The component that unpacked it.
     pub fn component(&self) -> &str {
         &self.component
     }
 
+    /// The memory domain whose memory it reaches.
     pub fn md(&self) -> &str {
         &self.md
     }

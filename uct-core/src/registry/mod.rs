@@ -17,14 +17,23 @@ use crate::rkey::{RemoteKey, RkeyBundle};
 /// Where a component came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
+    /// Compiled into the program.
     Builtin,
-    Module { name: String, path: PathBuf },
+    /// Loaded from a module file.
+    Module {
+        /// Module name.
+        name: String,
+        /// The file it was loaded from.
+        path: PathBuf,
+    },
 }
 
 /// A component and its origin.
 #[derive(Clone)]
 pub struct ComponentInfo {
+    /// The component.
     pub component: Arc<dyn Component>,
+    /// Where it came from.
     pub origin: Origin,
 }
 
@@ -42,6 +51,7 @@ pub enum ModuleStatus {
 }
 
 impl ModuleStatus {
+    /// Whether it loaded.
     pub fn is_loaded(&self) -> bool {
         matches!(self, ModuleStatus::Loaded(_))
     }
@@ -79,16 +89,22 @@ impl fmt::Display for ModuleStatus {
 /// One module file found in the search path.
 #[derive(Debug, Clone)]
 pub struct ModuleRecord {
+    /// Module name (the `<name>` of `libuct_<name>.so`).
     pub name: String,
+    /// The file.
     pub path: PathBuf,
+    /// What happened to it.
     pub status: ModuleStatus,
 }
 
 /// A transport on a device, with its component and open MD.
 #[derive(Clone)]
 pub struct Resource {
+    /// The component that provides it.
     pub component: Arc<dyn Component>,
+    /// The open memory domain it runs over.
     pub md: Arc<dyn MemoryDomain>,
+    /// Transport and device.
     pub tl: TlResource,
 }
 
@@ -258,10 +274,12 @@ impl Registry {
         &self.config_errors
     }
 
+    /// Every component, built-in first (sorted by name), then those of modules.
     pub fn components(&self) -> &[ComponentInfo] {
         &self.components
     }
 
+    /// The component called `name`.
     pub fn component(&self, name: &str) -> Option<&Arc<dyn Component>> {
         self.components
             .iter()
@@ -269,14 +287,17 @@ impl Registry {
             .map(|c| &c.component)
     }
 
+    /// Every module file found, with what happened to it.
     pub fn modules(&self) -> &[ModuleRecord] {
         &self.modules
     }
 
+    /// Folders searched for modules, in order.
     pub fn search_path(&self) -> &[PathBuf] {
         &self.search_path
     }
 
+    /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.config
     }
