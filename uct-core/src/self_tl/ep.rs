@@ -3,8 +3,7 @@
 
 use std::sync::{Arc, Weak};
 
-use super::iface::{SelfShared, MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT};
-use super::SELF_AM_QUEUE_LEN;
+use super::iface::{SelfShared, MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT, SELF_AM_QUEUE_LEN};
 use crate::atomic_ops::{check_aligned, fetch_at};
 use crate::completion::{Completion, CompletionData, Status};
 use crate::ep::{AtomicValue, Endpoint, FetchOp};
@@ -14,7 +13,9 @@ use crate::memory::{check_host_iov, check_size, Access, Iov};
 use crate::region_table::SoftRkey;
 use crate::rkey::RemoteKey;
 
-pub(super) struct SelfEp {
+/// A self endpoint: a weak reference to the target iface's shared part, so
+/// that closing the target fails the endpoint instead of keeping it alive.
+pub struct SelfEp {
     tl_name: &'static str,
     target: Weak<SelfShared>,
 }
@@ -45,17 +46,20 @@ impl SelfEp {
     /// Copies `data` into the target region.
     fn write_remote(&self, data: &[u8], remote_addr: u64, rkey: &RemoteKey) -> Result<()> {
         let key = self.key(rkey)?;
-        let t = self.target()?;
-        t.table.access(
+        let target = self.target()?;
+        target.table.access(
             key,
             remote_addr,
             data.len() as u64,
             Access::REMOTE_WRITE,
-            |p| {
-                // SAFETY: the table checked that [p, p+len) is a live
-                // registered region granting remote write; it stays
-                // registered while this closure runs.
-                unsafe { std::ptr::copy(data.as_ptr(), p, data.len()) }
+            |dst| {
+                // SAFETY: `access` checked that [dst, dst + data.len()) lies
+                // inside a registered region granting remote write, and holds
+                // the table's read lock while this closure runs, so the
+                // region cannot be deregistered (and its memory freed) under
+                // the copy. `copy` allows the source to overlap the target
+                // (a put from a region into itself).
+                unsafe { std::ptr::copy(data.as_ptr(), dst, data.len()) }
             },
         )
     }
@@ -63,15 +67,18 @@ impl SelfEp {
     /// Copies from the target region into `out`.
     fn read_remote(&self, out: &mut [u8], remote_addr: u64, rkey: &RemoteKey) -> Result<()> {
         let key = self.key(rkey)?;
-        let t = self.target()?;
-        t.table.access(
+        let target = self.target()?;
+        target.table.access(
             key,
             remote_addr,
             out.len() as u64,
             Access::REMOTE_READ,
-            |p| {
-                // SAFETY: as in write_remote, with remote read granted.
-                unsafe { std::ptr::copy(p, out.as_mut_ptr(), out.len()) }
+            |src| {
+                // SAFETY: `access` checked that [src, src + out.len()) lies
+                // inside a registered region granting remote read and keeps
+                // it registered (read lock) while this closure runs; `out`
+                // is an exclusive borrow of out.len() bytes.
+                unsafe { std::ptr::copy(src, out.as_mut_ptr(), out.len()) }
             },
         )
     }
@@ -80,10 +87,10 @@ impl SelfEp {
         let total = self.check_iov(iov)?;
         let mut buf = Vec::with_capacity(header.len() + total);
         buf.extend_from_slice(header);
-        for e in iov {
+        for piece in iov {
             let at = buf.len();
-            buf.resize(at + e.len, 0);
-            e.mem.read(e.offset, &mut buf[at..])?;
+            buf.resize(at + piece.len, 0);
+            piece.mem.read(piece.offset, &mut buf[at..])?;
         }
         Ok(buf)
     }
@@ -94,12 +101,12 @@ impl SelfEp {
                 "active message id {id} is not below {AM_ID_MAX}"
             )));
         }
-        let t = self.target()?;
-        let mut q = t.am_queue.lock().unwrap_or_else(|p| p.into_inner());
-        if q.len() >= SELF_AM_QUEUE_LEN {
+        let target = self.target()?;
+        let mut queue = target.am_queue.lock().unwrap_or_else(|p| p.into_inner());
+        if queue.len() >= SELF_AM_QUEUE_LEN {
             return Ok(Status::NoResource);
         }
-        q.push_back((id, data));
+        queue.push_back((id, data));
         Ok(Status::Done)
     }
 
@@ -107,16 +114,20 @@ impl SelfEp {
     fn atomic(&self, op: FetchOp, remote_addr: u64, rkey: &RemoteKey) -> Result<u64> {
         check_aligned(remote_addr, op.width())?;
         let key = self.key(rkey)?;
-        let t = self.target()?;
-        t.table.access(
+        let target = self.target()?;
+        target.table.access(
             key,
             remote_addr,
             op.width() as u64,
             Access::REMOTE_ATOMIC,
-            |p| {
-                // SAFETY: the table checked a live word granting atomic access;
-                // alignment was checked above.
-                unsafe { fetch_at(p, op) }
+            |word| {
+                // SAFETY: `access` checked that the op.width() bytes at
+                // `word` lie in a registered region granting atomic access
+                // and keeps it registered while this closure runs;
+                // check_aligned above made remote_addr (and so `word`, the
+                // same address in this process) a multiple of op.width();
+                // a word granted REMOTE_ATOMIC is accessed only atomically.
+                unsafe { fetch_at(word, op) }
             },
         )?
     }
@@ -144,21 +155,28 @@ impl Endpoint for SelfEp {
     ) -> Result<Status> {
         let total = self.check_iov(iov)?;
         let key = *self.key(rkey)?;
-        let t = self.target()?;
-        t.table
-            .access(&key, remote_addr, total as u64, Access::REMOTE_WRITE, |p| {
+        let target = self.target()?;
+        target.table.access(
+            &key,
+            remote_addr,
+            total as u64,
+            Access::REMOTE_WRITE,
+            |dst| {
                 let mut at = 0usize;
-                for e in iov {
+                for piece in iov {
                     // The local range was checked by check_iov; host memory.
-                    let src = e.mem.host_ptr(e.offset, e.len)?;
-                    // SAFETY: [p+at, p+at+len) lies inside the checked remote
-                    // range (the iov lengths sum to `total`); src is a
-                    // checked local host range.
-                    unsafe { std::ptr::copy(src, p.add(at), e.len) };
-                    at += e.len;
+                    let src = piece.mem.host_ptr(piece.offset, piece.len)?;
+                    // SAFETY: the piece lengths sum to `total` and `access`
+                    // checked [dst, dst + total), so [dst + at, dst + at +
+                    // piece.len) is inside it and stays registered while this
+                    // closure runs; host_ptr checked piece.len bytes at `src`
+                    // inside the local handle, which the iov borrows.
+                    unsafe { std::ptr::copy(src, dst.add(at), piece.len) };
+                    at += piece.len;
                 }
                 Ok::<(), UctError>(())
-            })??;
+            },
+        )??;
         Ok(Status::Done)
     }
 
@@ -191,18 +209,27 @@ impl Endpoint for SelfEp {
     ) -> Result<Status> {
         let total = self.check_iov(iov)?;
         let key = *self.key(rkey)?;
-        let t = self.target()?;
-        t.table
-            .access(&key, remote_addr, total as u64, Access::REMOTE_READ, |p| {
+        let target = self.target()?;
+        target.table.access(
+            &key,
+            remote_addr,
+            total as u64,
+            Access::REMOTE_READ,
+            |src| {
                 let mut at = 0usize;
-                for e in iov {
-                    let dst = e.mem.host_ptr(e.offset, e.len)?;
-                    // SAFETY: as in put_zcopy, in the other direction.
-                    unsafe { std::ptr::copy(p.add(at), dst, e.len) };
-                    at += e.len;
+                for piece in iov {
+                    let dst = piece.mem.host_ptr(piece.offset, piece.len)?;
+                    // SAFETY: the piece lengths sum to `total` and `access`
+                    // checked [src, src + total) for remote read, so [src +
+                    // at, src + at + piece.len) is inside it and stays
+                    // registered while this closure runs; host_ptr checked
+                    // piece.len bytes at `dst` inside the local handle.
+                    unsafe { std::ptr::copy(src.add(at), dst, piece.len) };
+                    at += piece.len;
                 }
                 Ok::<(), UctError>(())
-            })??;
+            },
+        )??;
         Ok(Status::Done)
     }
 

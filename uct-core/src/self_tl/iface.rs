@@ -8,20 +8,27 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use super::ep::SelfEp;
 use crate::ep::Endpoint;
 use crate::error::{Result, UctError};
-use crate::iface::{
-    AmHandler, AmMessage, Caps, EpParams, Iface, IfaceAttrs, SizeLimits, AM_ID_MAX,
-};
+use crate::iface::{AmHandler, AmHandlers, Caps, EpParams, Iface, IfaceAttrs, SizeLimits};
 use crate::md::MemoryDomain;
 use crate::memory::MemoryType;
 use crate::region_table::RegionTable;
 
+/// Active messages queued to one iface before senders get NoResource.
+pub const SELF_AM_QUEUE_LEN: usize = 1024;
+
 /// What endpoints share with the iface they target.
 pub(super) struct SelfShared {
+    /// The transport name (`self`, or a module's own, such as `loop`).
     pub(super) tl_name: &'static str,
+    /// The region table of the iface's MD: remote accesses are checked and
+    /// executed against it.
     pub(super) table: Arc<RegionTable>,
+    /// Active messages (id, bytes) waiting for the iface's `progress`; at
+    /// most [`SELF_AM_QUEUE_LEN`].
     pub(super) am_queue: Mutex<VecDeque<(u8, Vec<u8>)>>,
 }
 
+/// Every open self iface of this process, by iface id.
 type Directory = Mutex<HashMap<u64, Weak<SelfShared>>>;
 
 fn directory() -> &'static Directory {
@@ -31,17 +38,20 @@ fn directory() -> &'static Directory {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The open iface `id` of transport `tl_name`, if there is one.
 pub(super) fn lookup(tl_name: &str, id: u64) -> Option<Arc<SelfShared>> {
     let dir = directory().lock().unwrap_or_else(|p| p.into_inner());
     dir.get(&id)
         .and_then(Weak::upgrade)
-        .filter(|s| s.tl_name == tl_name)
+        .filter(|shared| shared.tl_name == tl_name)
 }
 
+/// The process id (device address, 4 bytes) and iface id (iface address,
+/// 8 bytes) of a self address; None when the lengths are wrong.
 pub(super) fn parse_addresses(device_addr: &[u8], iface_addr: &[u8]) -> Option<(u32, u64)> {
     let pid = u32::from_le_bytes(device_addr.try_into().ok()?);
-    let id = u64::from_le_bytes(iface_addr.try_into().ok()?);
-    Some((pid, id))
+    let iface_id = u64::from_le_bytes(iface_addr.try_into().ok()?);
+    Some((pid, iface_id))
 }
 
 pub(super) const MAX_SHORT: usize = 8 * 1024;
@@ -82,13 +92,14 @@ fn self_attrs() -> IfaceAttrs {
     }
 }
 
-/// A self iface.
+/// A self iface: its entry in the process-wide directory, which endpoints
+/// look up by iface id, and its active-message handlers.
 pub struct SelfIface {
     id: u64,
     shared: Arc<SelfShared>,
     md: Arc<dyn MemoryDomain>,
     attrs: IfaceAttrs,
-    handlers: Vec<Option<AmHandler>>,
+    handlers: AmHandlers,
 }
 
 impl SelfIface {
@@ -112,7 +123,7 @@ impl SelfIface {
             shared,
             md,
             attrs: self_attrs(),
-            handlers: (0..AM_ID_MAX).map(|_| None).collect(),
+            handlers: AmHandlers::new(tl_name),
         }
     }
 }
@@ -153,8 +164,8 @@ impl Iface for SelfIface {
 
     fn is_reachable(&self, device_addr: &[u8], iface_addr: &[u8]) -> bool {
         match parse_addresses(device_addr, iface_addr) {
-            Some((pid, id)) => {
-                pid == std::process::id() && lookup(self.shared.tl_name, id).is_some()
+            Some((pid, iface_id)) => {
+                pid == std::process::id() && lookup(self.shared.tl_name, iface_id).is_some()
             }
             None => false,
         }
@@ -171,7 +182,7 @@ impl Iface for SelfIface {
                 self.shared.tl_name
             )));
         };
-        let (pid, id) = parse_addresses(&device_addr, &iface_addr).ok_or_else(|| {
+        let (pid, iface_id) = parse_addresses(&device_addr, &iface_addr).ok_or_else(|| {
             UctError::InvalidParam(format!(
                 "not a {} address (expected 4 + 8 bytes, got {} + {})",
                 self.shared.tl_name,
@@ -185,9 +196,9 @@ impl Iface for SelfIface {
                 self.shared.tl_name
             )));
         }
-        let target = lookup(self.shared.tl_name, id).ok_or_else(|| {
+        let target = lookup(self.shared.tl_name, iface_id).ok_or_else(|| {
             UctError::Unreachable(format!(
-                "{} iface {id} does not exist in this process (closed?)",
+                "{} iface {iface_id} does not exist in this process (closed?)",
                 self.shared.tl_name
             ))
         })?;
@@ -198,11 +209,7 @@ impl Iface for SelfIface {
     }
 
     fn set_am_handler(&mut self, id: u8, handler: AmHandler) -> Result<()> {
-        let slot = self.handlers.get_mut(id as usize).ok_or_else(|| {
-            UctError::InvalidParam(format!("active message id {id} is not below {AM_ID_MAX}"))
-        })?;
-        *slot = Some(handler);
-        Ok(())
+        self.handlers.set(id, handler)
     }
 
     fn progress(&mut self) -> usize {
@@ -214,17 +221,10 @@ impl Iface for SelfIface {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
         );
-        let n = batch.len();
+        let delivered = batch.len();
         for (id, data) in batch {
-            match self.handlers.get_mut(id as usize).and_then(Option::as_mut) {
-                Some(h) => h(AmMessage { id, data: &data }),
-                None => log::warn!(
-                    "{}: dropped active message {id} ({} bytes): no handler set",
-                    self.shared.tl_name,
-                    data.len()
-                ),
-            }
+            self.handlers.deliver(id, &data);
         }
-        n
+        delivered
     }
 }
