@@ -253,3 +253,44 @@ impl UctError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn io_errors_keep_their_source() {
+        let err = UctError::io(
+            "open /dev/shm/x",
+            std::io::Error::from_raw_os_error(libc::ENOENT),
+        );
+        let source = err.source().expect("a source");
+        let io = source
+            .downcast_ref::<ErrorSource>()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the io::Error");
+        assert_eq!(io.raw_os_error(), Some(libc::ENOENT));
+        assert!(err.to_string().starts_with("open /dev/shm/x: "), "{err}");
+        // Clone and equality survive the source.
+        assert_eq!(err.clone(), err);
+    }
+
+    #[test]
+    fn device_errors_keep_an_optional_source() {
+        let with = UctError::Device {
+            device: "rxe0".into(),
+            message: "refused".into(),
+            source: Some(std::io::Error::from_raw_os_error(libc::EPERM).into()),
+        };
+        assert!(with.source().is_some());
+        let without = UctError::Device {
+            device: "rxe0".into(),
+            message: "refused".into(),
+            source: None,
+        };
+        assert!(without.source().is_none());
+        assert_ne!(with, without);
+        assert_eq!(with.to_string(), "rxe0: refused");
+    }
+}
