@@ -46,7 +46,10 @@ impl Outgoing {
                 return;
             }
             out.push(libc::iovec {
-                // SAFETY: skip < len, so the pointer stays inside the piece.
+                // SAFETY: every piece is a live buffer of `len` bytes at
+                // `ptr` (owned by the queue, or a range of a memory handle
+                // the queue holds, checked by host_ptr); skip < len, so the
+                // result stays inside that buffer.
                 iov_base: unsafe { ptr.add(skip) } as *mut libc::c_void,
                 iov_len: len - skip,
             });
@@ -179,14 +182,14 @@ impl Conn {
             return Ok(());
         }
         let mut head = [0u8; 256];
-        let hl = wire::encode_into(header, data_len, &mut head)?;
+        let head_len = wire::encode_into(header, data_len, &mut head)?;
         let mut iov = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
         }; 8];
         iov[0] = libc::iovec {
             iov_base: head.as_mut_ptr() as *mut libc::c_void,
-            iov_len: hl,
+            iov_len: head_len,
         };
         for (i, p) in parts.iter().enumerate() {
             iov[i + 1] = libc::iovec {
@@ -194,14 +197,16 @@ impl Conn {
                 iov_len: p.len(),
             };
         }
-        let total = hl + data_len;
+        let total = head_len + data_len;
         // SAFETY: msghdr is plain data; zeroed is a valid empty header.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_iov = iov.as_mut_ptr();
         msg.msg_iovlen = (parts.len() + 1) as _;
         let sent = loop {
-            // SAFETY: the iovecs point at `head` and the caller's slices,
-            // alive for this call; MSG_NOSIGNAL avoids SIGPIPE.
+            // SAFETY: `msg` names parts.len() + 1 <= 8 initialised iovecs of
+            // `iov`, which point at the head_len encoded bytes of `head` and at the
+            // caller's slices, all borrowed for this call; sendmsg only
+            // reads them. MSG_NOSIGNAL avoids SIGPIPE.
             let n = unsafe {
                 libc::sendmsg(
                     self.stream.as_raw_fd(),
@@ -225,7 +230,7 @@ impl Conn {
         // Queue the rest, copied.
         let mut rest = Vec::with_capacity(total - sent);
         let mut skip = sent;
-        for piece in std::iter::once(&head[..hl]).chain(parts.iter().copied()) {
+        for piece in std::iter::once(&head[..head_len]).chain(parts.iter().copied()) {
             if skip >= piece.len() {
                 skip -= piece.len();
                 continue;
@@ -262,9 +267,11 @@ impl Conn {
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
             msg.msg_iov = iov.as_mut_ptr();
             msg.msg_iovlen = iov.len() as _;
-            // SAFETY: every iovec points into a buffer owned by the queue
-            // (header, bytes) or into a live memory handle it holds;
-            // MSG_NOSIGNAL turns a closed peer into EPIPE, not SIGPIPE.
+            // SAFETY: `msg` names the iov.len() iovecs of `iov`, which lives
+            // across the call; each points into a buffer owned by the queue
+            // (header, bytes) or into a live memory handle it holds, within
+            // its length; sendmsg only reads them. MSG_NOSIGNAL turns a
+            // closed peer into EPIPE, not SIGPIPE.
             let n = unsafe {
                 libc::sendmsg(
                     self.stream.as_raw_fd(),
@@ -383,11 +390,23 @@ impl Conn {
         }
     }
 
+    /// Reads at most `buf.len()` bytes into `buf`. Ok(0) means nothing is
+    /// there now.
+    pub fn recv(&mut self, buf: &mut [u8]) -> Result<usize, UctError> {
+        // SAFETY: `buf` is an exclusive borrow of buf.len() writable bytes.
+        unsafe { self.recv_into(buf.as_mut_ptr(), buf.len()) }
+    }
+
     /// Reads at most `len` bytes straight into `dst` (a large put's target).
     /// Ok(0) means nothing is there now.
-    pub fn recv_into(&mut self, dst: *mut u8, len: usize) -> Result<usize, UctError> {
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes for the whole call, and
+    /// nothing else may read or write them meanwhile.
+    pub unsafe fn recv_into(&mut self, dst: *mut u8, len: usize) -> Result<usize, UctError> {
         loop {
-            // SAFETY: the caller passes `len` writable bytes at `dst`.
+            // SAFETY: the caller guarantees `len` writable bytes at `dst`;
+            // recv writes at most `len` bytes there.
             let n = unsafe {
                 libc::recv(
                     self.stream.as_raw_fd(),

@@ -23,7 +23,8 @@ pub fn list() -> Vec<NetDevice> {
     }
     let mut cur = ifap;
     while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list getifaddrs returned.
+        // SAFETY: `cur` is non-null (loop condition) and a node of the list
+        // getifaddrs returned, which lives until freeifaddrs below.
         let ifa = unsafe { &*cur };
         cur = ifa.ifa_next;
         if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
@@ -32,15 +33,18 @@ pub fn list() -> Vec<NetDevice> {
         if ifa.ifa_flags & libc::IFF_UP as u32 == 0 {
             continue;
         }
-        // SAFETY: ifa_addr is non-null and points at a sockaddr.
+        // SAFETY: ifa_addr is non-null (checked above) and points at a
+        // sockaddr in the list.
         let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
         if family != libc::AF_INET {
             continue;
         }
-        // SAFETY: the family says this is a sockaddr_in.
+        // SAFETY: sa_family is AF_INET, so getifaddrs stored a (suitably
+        // aligned) sockaddr_in at ifa_addr; it lives as long as the list.
         let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
         let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-        // SAFETY: ifa_name is a nul-terminated string owned by the list.
+        // SAFETY: ifa_name is non-null (checked above) and a nul-terminated
+        // string owned by the list; it is copied before the list is freed.
         let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
             .to_string_lossy()
             .into_owned();

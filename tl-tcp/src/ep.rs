@@ -13,12 +13,13 @@ use uct_core::{
 use crate::conn::Payload;
 use crate::iface::Connector;
 use crate::iface::{MAX_AM_HEADER, MAX_AM_ZCOPY, MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
-use crate::link::{Kind, Link};
+use crate::link::{Link, PendingOp};
 use crate::wire::{Header, WireAtomic, WireKey};
 
 /// A tcp endpoint.
 pub(crate) struct TcpEp {
-    state: Option<Arc<Mutex<Link>>>,
+    /// The link to the peer iface; None until `connect_to_ep`.
+    link: Option<Arc<Mutex<Link>>>,
     /// This endpoint's id on its link: refusals are reported to it.
     id: u32,
     /// Set while the endpoint waits for `connect_to_ep`.
@@ -26,18 +27,20 @@ pub(crate) struct TcpEp {
 }
 
 impl TcpEp {
+    /// An endpoint on `link`, connected to the peer iface.
     pub(crate) fn new(link: Arc<Mutex<Link>>) -> Self {
         let id = link.lock().unwrap_or_else(|p| p.into_inner()).new_ep_id();
         TcpEp {
-            state: Some(link),
+            link: Some(link),
             id,
             connector: None,
         }
     }
 
+    /// An endpoint that connects later, to a peer endpoint's address.
     pub(crate) fn unconnected(connector: Connector) -> Self {
         TcpEp {
-            state: None,
+            link: None,
             id: 0,
             connector: Some(connector),
         }
@@ -45,23 +48,36 @@ impl TcpEp {
 
     /// The link, if it still works.
     fn live(&self) -> Result<MutexGuard<'_, Link>> {
-        let state = self.state.as_ref().ok_or_else(|| {
+        let link = self.link.as_ref().ok_or_else(|| {
             UctError::InvalidParam(
                 "the tcp endpoint is not connected; call connect_to_ep with the peer endpoint's address first".into(),
             )
         })?;
-        let s = state.lock().unwrap_or_else(|p| p.into_inner());
-        match &s.failed {
+        let link = link.lock().unwrap_or_else(|p| p.into_inner());
+        match &link.failed {
             Some(e) => Err(e.clone()),
-            None => Ok(s),
+            None => Ok(link),
         }
     }
 
+    /// The link, if it still works and its send queue has room after
+    /// writing out what the socket takes; None: NoResource.
+    fn live_with_room(&self) -> Result<Option<MutexGuard<'_, Link>>> {
+        let mut link = self.live()?;
+        if link.conn.is_full() {
+            link.conn.write_out()?;
+            if link.conn.is_full() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(link))
+    }
+
     fn key(rkey: &RemoteKey) -> Result<WireKey> {
-        let k = rkey.downcast::<SoftRkey>("tcp")?;
+        let soft = rkey.downcast::<SoftRkey>("tcp")?;
         Ok(WireKey {
-            region_id: k.region_id,
-            secret: k.secret,
+            region_id: soft.region_id,
+            secret: soft.secret,
         })
     }
 
@@ -73,23 +89,19 @@ impl TcpEp {
         check_host_iov(iov, "tcp", MAX_IOV, max)?;
         Ok(iov
             .iter()
-            .map(|e| (e.mem.clone(), e.offset, e.len))
+            .map(|piece| (piece.mem.clone(), piece.offset, piece.len))
             .collect())
     }
 
     /// Sends a frame whose data is copied; Done, or NoResource when full.
-    fn send_copied(&mut self, h: Header, parts: &[&[u8]]) -> Result<Status> {
-        let mut s = self.live()?;
-        if s.conn.is_full() {
-            s.conn.write_out()?;
-            if s.conn.is_full() {
-                return Ok(Status::NoResource);
-            }
-        }
-        match s.conn.send_borrowed(&h, parts) {
+    fn send_copied(&mut self, header: Header, parts: &[&[u8]]) -> Result<Status> {
+        let Some(mut link) = self.live_with_room()? else {
+            return Ok(Status::NoResource);
+        };
+        match link.conn.send_borrowed(&header, parts) {
             Ok(_) => Ok(Status::Done),
             Err(e) => {
-                s.fail(e.clone());
+                link.fail(e.clone());
                 Err(e)
             }
         }
@@ -99,46 +111,40 @@ impl TcpEp {
     fn request(
         &mut self,
         make: impl FnOnce(u64) -> Header,
-        pending: Kind,
+        pending: PendingOp,
         comp: Option<&Completion>,
     ) -> Result<Status> {
-        let mut s = self.live()?;
-        if s.conn.is_full() {
-            s.conn.write_out()?;
-            if s.conn.is_full() {
-                return Ok(Status::NoResource);
-            }
-        }
-        let req = s.next_req(self.id);
-        if let Err(e) = s.conn.send(&make(req), Payload::None, None) {
-            s.fail(e.clone());
+        let Some(mut link) = self.live_with_room()? else {
+            return Ok(Status::NoResource);
+        };
+        let req = link.next_req(self.id);
+        if let Err(e) = link.conn.send(&make(req), Payload::None, None) {
+            link.fail(e.clone());
             return Err(e);
         }
-        if let Some(c) = comp {
-            c.start();
+        if let Some(comp) = comp {
+            comp.start();
         }
-        s.add_pending(req, pending);
+        link.add_pending(req, pending);
         Ok(Status::InProgress)
     }
 
+    /// Sends a frame whose data stays in user memory until written; Done
+    /// when the socket took it all, else InProgress (`comp` fires later).
     fn send_zcopy(
         &mut self,
-        h: Header,
+        header: Header,
         payload: Payload,
         comp: Option<&Completion>,
     ) -> Result<Status> {
-        let mut s = self.live()?;
-        if s.conn.is_full() {
-            s.conn.write_out()?;
-            if s.conn.is_full() {
-                return Ok(Status::NoResource);
-            }
-        }
-        match s.conn.send(&h, payload, comp) {
+        let Some(mut link) = self.live_with_room()? else {
+            return Ok(Status::NoResource);
+        };
+        match link.conn.send(&header, payload, comp) {
             Ok(true) => Ok(Status::Done),
             Ok(false) => Ok(Status::InProgress),
             Err(e) => {
-                s.fail(e.clone());
+                link.fail(e.clone());
                 Err(e)
             }
         }
@@ -227,7 +233,7 @@ impl Endpoint for TcpEp {
                 addr: remote_addr,
                 len: len as u64,
             },
-            Kind::GetBytes(comp.clone()),
+            PendingOp::GetBytes(comp.clone()),
             Some(comp),
         )
     }
@@ -249,7 +255,7 @@ impl Endpoint for TcpEp {
                 addr: remote_addr,
                 len: len as u64,
             },
-            Kind::GetIov(list, comp.cloned()),
+            PendingOp::GetIov(list, comp.cloned()),
             comp,
         )
     }
@@ -284,7 +290,7 @@ impl Endpoint for TcpEp {
     ) -> Result<Status> {
         let key = Self::key(rkey)?;
         let req = self.next_req()?;
-        let h = Header::Atomic {
+        let header = Header::Atomic {
             req,
             key,
             addr: remote_addr,
@@ -292,7 +298,7 @@ impl Endpoint for TcpEp {
             op: WireAtomic::Add,
             value: value.as_u64(),
         };
-        self.send_copied(h, &[])
+        self.send_copied(header, &[])
     }
 
     fn atomic_fetch(
@@ -329,7 +335,7 @@ impl Endpoint for TcpEp {
                 op: wop,
                 value: value.as_u64(),
             },
-            Kind::Atomic(comp.clone()),
+            PendingOp::Atomic(comp.clone()),
             Some(comp),
         )
     }
@@ -337,7 +343,7 @@ impl Endpoint for TcpEp {
     fn flush(&mut self, comp: Option<&Completion>) -> Result<Status> {
         self.request(
             |req| Header::Flush { req },
-            Kind::Flush {
+            PendingOp::Flush {
                 ep: self.id,
                 comp: comp.cloned(),
             },
@@ -353,7 +359,7 @@ impl Endpoint for TcpEp {
     fn ep_address(&self) -> Result<Vec<u8>> {
         // Peers reach an endpoint through its iface's listener.
         match &self.connector {
-            Some(c) => Ok(c.iface_addr.clone()),
+            Some(connector) => Ok(connector.iface_addr.clone()),
             None => Err(UctError::InvalidParam(
                 "this tcp endpoint was connected to an iface; it has no endpoint address".into(),
             )),
@@ -361,18 +367,18 @@ impl Endpoint for TcpEp {
     }
 
     fn connect_to_ep(&mut self, device_addr: &[u8], ep_addr: &[u8]) -> Result<()> {
-        if self.state.is_some() {
+        if self.link.is_some() {
             return Err(UctError::InvalidParam(
                 "the tcp endpoint is already connected".into(),
             ));
         }
-        let c = self
+        let connector = self
             .connector
             .as_ref()
             .ok_or_else(|| UctError::InvalidParam("the tcp endpoint cannot connect".into()))?;
-        let link = c.connect(device_addr, ep_addr)?;
+        let link = connector.connect(device_addr, ep_addr)?;
         self.id = link.lock().unwrap_or_else(|p| p.into_inner()).new_ep_id();
-        self.state = Some(link);
+        self.link = Some(link);
         Ok(())
     }
 }

@@ -4,17 +4,18 @@
 //! its endpoints' operations.
 
 use std::io::ErrorKind;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use uct_core::region_table::RegionTable;
 use uct_core::{
-    AmHandler, AmMessage, Caps, Endpoint, EpParams, Iface, IfaceAttrs, MemoryDomain, MemoryType,
+    AmHandler, AmHandlers, Caps, Endpoint, EpParams, Iface, IfaceAttrs, MemoryDomain, MemoryType,
     Result, SizeLimits, UctError,
 };
 
+use crate::address::{ip_bytes, parse_addr};
 use crate::conn::{Conn, Payload};
 use crate::devices::NetDevice;
 use crate::ep::TcpEp;
@@ -29,7 +30,6 @@ pub(crate) const MAX_IOV: usize = 16;
 pub(crate) const MAX_AM_HEADER: usize = 256;
 /// Largest data a peer may put in one frame.
 pub(crate) const MAX_FRAME_DATA: usize = MAX_ZCOPY;
-const AM_IDS: usize = uct_core::iface::AM_ID_MAX;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The links of an iface, shared with its endpoints (which find or add a
@@ -63,10 +63,10 @@ impl Connector {
             ))
         })?;
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        for l in links.iter() {
-            let g = l.lock().unwrap_or_else(|p| p.into_inner());
-            if g.remote_iface == Some(addr) && g.failed.is_none() {
-                return Ok(l.clone());
+        for link in links.iter() {
+            let state = link.lock().unwrap_or_else(|p| p.into_inner());
+            if state.remote_iface == Some(addr) && state.failed.is_none() {
+                return Ok(link.clone());
             }
         }
         let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
@@ -80,7 +80,7 @@ impl Connector {
 }
 
 fn tcp_attrs() -> IfaceAttrs {
-    let lim = |max_zcopy| SizeLimits {
+    let limits = |max_zcopy| SizeLimits {
         max_short: MAX_SHORT,
         max_bcopy: MAX_BCOPY,
         min_zcopy: 0,
@@ -102,9 +102,9 @@ fn tcp_attrs() -> IfaceAttrs {
             | Caps::CONNECT_TO_IFACE
             | Caps::CONNECT_TO_EP
             | Caps::ERRHANDLE_PEER_FAILURE,
-        put: lim(MAX_ZCOPY),
-        get: lim(MAX_ZCOPY),
-        am: lim(MAX_AM_ZCOPY),
+        put: limits(MAX_ZCOPY),
+        get: limits(MAX_ZCOPY),
+        am: limits(MAX_AM_ZCOPY),
         max_am_header: MAX_AM_HEADER,
         mem_types: vec![MemoryType::Host],
         latency_ns: 10_000.0,
@@ -123,32 +123,16 @@ pub struct TcpIface {
     md: Arc<dyn MemoryDomain>,
     table: Arc<RegionTable>,
     attrs: IfaceAttrs,
-    handlers: Vec<Option<AmHandler>>,
+    handlers: AmHandlers,
     links: Links,
     peer_timeout: Duration,
-    /// Reused by progress: the poll set, the links polled, received AMs.
+    /// Reused by progress: the poll set (the listener first, then one entry
+    /// per link), the links polled, whether each is reading a large put,
+    /// and the active messages received.
     pfds: Vec<libc::pollfd>,
-    scratch: Vec<Arc<Mutex<Link>>>,
+    polled: Vec<Arc<Mutex<Link>>>,
     reading: Vec<bool>,
     ams: AmBatch,
-}
-
-fn ip_bytes(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    }
-}
-
-pub(crate) fn parse_addr(device_addr: &[u8], iface_addr: &[u8]) -> Option<SocketAddr> {
-    let ip: [u8; 16] = device_addr.try_into().ok()?;
-    let port = u16::from_le_bytes(iface_addr.try_into().ok()?);
-    let v6 = Ipv6Addr::from(ip);
-    let ip = match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
-    };
-    Some(SocketAddr::new(ip, port))
 }
 
 impl TcpIface {
@@ -169,11 +153,11 @@ impl TcpIface {
             md,
             table,
             attrs: tcp_attrs(),
-            handlers: (0..AM_IDS).map(|_| None).collect(),
+            handlers: AmHandlers::new("tcp"),
             links: Links::default(),
             peer_timeout,
             pfds: Vec::new(),
-            scratch: Vec::new(),
+            polled: Vec::new(),
             reading: Vec::new(),
             ams: AmBatch::default(),
         })
@@ -196,45 +180,29 @@ impl TcpIface {
     }
 
     fn accept_new(&mut self) -> usize {
-        let mut n = 0;
+        let mut accepted = 0;
         loop {
             match self.listener.accept() {
-                Ok((s, peer)) => match Conn::new(s, MAX_FRAME_DATA, self.peer_timeout) {
-                    Ok(c) => {
+                Ok((stream, peer)) => match Conn::new(stream, MAX_FRAME_DATA, self.peer_timeout) {
+                    Ok(conn) => {
                         log::debug!("tcp {}: accepted {peer}", self.dev.name);
-                        let link = Arc::new(Mutex::new(Link::new(c, None, self.peer_timeout)));
+                        let link = Arc::new(Mutex::new(Link::new(conn, None, self.peer_timeout)));
                         self.links
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .push(link);
-                        n += 1;
+                        accepted += 1;
                     }
                     Err(e) => log::warn!("tcp {}: dropping {peer}: {e}", self.dev.name),
                 },
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return accepted,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
                     log::warn!("tcp {}: accept failed: {e}", self.dev.name);
-                    return n;
+                    return accepted;
                 }
             }
         }
-    }
-
-    /// Hands the active messages received to their handlers, outside any
-    /// link's lock.
-    fn deliver(&mut self) {
-        let ams = &self.ams;
-        for &(id, at, len) in &ams.msgs {
-            let data = &ams.bytes[at..at + len];
-            match self.handlers.get_mut(id as usize).and_then(Option::as_mut) {
-                Some(h) => h(AmMessage { id, data }),
-                None => {
-                    log::warn!("tcp: dropped active message {id} ({len} bytes): no handler set")
-                }
-            }
-        }
-        self.ams.clear();
     }
 }
 
@@ -292,23 +260,24 @@ impl Iface for TcpIface {
     }
 
     fn set_am_handler(&mut self, id: u8, handler: AmHandler) -> Result<()> {
-        let slot = self.handlers.get_mut(id as usize).ok_or_else(|| {
-            UctError::InvalidParam(format!("active message id {id} is not below {AM_IDS}"))
-        })?;
-        *slot = Some(handler);
-        Ok(())
+        self.handlers.set(id, handler)
     }
 
     fn progress(&mut self) -> usize {
         // One poll() over the listener and every link; only ready sockets
         // (and links reading a large put) are touched.
-        let mut links = std::mem::take(&mut self.scratch);
+        let mut links = std::mem::take(&mut self.polled);
         links.clear();
         {
             let mut all = self.links.lock().unwrap_or_else(|p| p.into_inner());
             // A failed link is dropped here; endpoints holding it keep
             // reporting its error.
-            all.retain(|l| l.lock().unwrap_or_else(|p| p.into_inner()).failed.is_none());
+            all.retain(|link| {
+                link.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .failed
+                    .is_none()
+            });
             links.extend(all.iter().cloned());
         }
         let pfds = &mut self.pfds;
@@ -318,38 +287,38 @@ impl Iface for TcpIface {
             events: libc::POLLIN,
             revents: 0,
         });
-        let direct = &mut self.reading;
-        direct.clear();
-        for l in &links {
-            let g = l.lock().unwrap_or_else(|p| p.into_inner());
-            pfds.push(g.poll_fd().unwrap_or(libc::pollfd {
+        let reading = &mut self.reading;
+        reading.clear();
+        for link in &links {
+            let state = link.lock().unwrap_or_else(|p| p.into_inner());
+            pfds.push(state.poll_fd().unwrap_or(libc::pollfd {
                 fd: -1,
                 events: 0,
                 revents: 0,
             }));
-            direct.push(g.reading_direct());
+            reading.push(state.reading_direct());
         }
-        // SAFETY: pfds is a valid array of pollfd of that length; fd -1
-        // entries are ignored by poll.
+        // SAFETY: `pfds` is a Vec of pfds.len() initialised pollfd entries,
+        // exclusively borrowed for the call; poll writes only their revents
+        // fields. Entries with fd -1 are ignored by poll.
         let ready = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 0) };
-        let mut n = 0;
-        for (i, l) in links.iter().enumerate() {
-            let mut g = l.lock().unwrap_or_else(|p| p.into_inner());
+        let mut events = 0;
+        for (i, link) in links.iter().enumerate() {
+            let mut state = link.lock().unwrap_or_else(|p| p.into_inner());
             if (ready > 0 && self.pfds[1 + i].revents != 0) || self.reading[i] {
-                n += g.progress(&self.table, &mut self.ams);
+                events += state.progress(&self.table, &mut self.ams);
             } else {
-                g.idle();
+                state.idle();
             }
-            drop(g);
-            if !self.ams.msgs.is_empty() {
-                self.deliver();
-            }
+            drop(state);
+            // Outside the link's lock: a handler may send on the same link.
+            self.ams.deliver(&mut self.handlers);
         }
         if ready > 0 && self.pfds[0].revents != 0 {
-            n += self.accept_new();
+            events += self.accept_new();
         }
         links.clear();
-        self.scratch = links;
-        n
+        self.polled = links;
+        events
     }
 }

@@ -2,143 +2,24 @@
 //! messages that the target executes in its `progress`, every access checked
 //! against the target's region table (range, rights, secret). Runs on any
 //! network interface, loopback included.
+//!
+//! The crate has the shape of every transport folder: `component.rs` (the
+//! component and its configuration), `md.rs` (its memory domain: uct-core's
+//! host MD), `iface.rs` and `ep.rs`; then the pieces named for what they
+//! are: `devices.rs` (network interfaces), `address.rs`, `conn.rs` (one
+//! socket), `link.rs` (one connection between two ifaces), `execute.rs`
+//! (the target's side of each request) and `wire.rs` (the frame format).
 
+mod address;
+mod component;
 mod conn;
 pub mod devices;
 mod ep;
+mod execute;
 mod iface;
 mod link;
+mod md;
 pub mod wire;
 
-use std::sync::{Arc, OnceLock};
-
-use std::time::Duration;
-
-use uct_core::config::{Config, ConfigKind, ConfigVar};
-use uct_core::host_md::HostMd;
-use uct_core::{
-    BuiltinComponent, Component, DeviceType, Iface, IfaceParams, MemoryDomain, RemoteKey, Result,
-    RkeyEntry, TlResource, UctError,
-};
-
+pub use component::{TcpComponent, TCP_CONFIG};
 pub use iface::TcpIface;
-
-const NAME: &str = "tcp";
-
-/// The tcp component's configuration.
-pub const TCP_CONFIG: &[ConfigVar] = &[ConfigVar {
-    name: "UCT_TCP_PEER_TIMEOUT",
-    default: "10s",
-    kind: ConfigKind::Duration,
-    doc: "How long a tcp peer may leave requests unanswered, or data unacknowledged, before its endpoint fails and every pending operation completes with an error.",
-}];
-
-fn peer_timeout() -> Duration {
-    let (cfg, errors) = Config::from_env_lenient(&[(NAME, TCP_CONFIG)]);
-    for e in errors {
-        log::error!("{e}; using its default");
-    }
-    cfg.get_duration("UCT_TCP_PEER_TIMEOUT")
-        .unwrap_or(Duration::from_secs(10))
-}
-
-/// The tcp component: one host MD, one transport per network interface.
-pub struct TcpComponent {
-    md: OnceLock<Arc<HostMd>>,
-}
-
-impl TcpComponent {
-    fn host_md(&self) -> Arc<HostMd> {
-        self.md.get_or_init(|| HostMd::new(NAME, NAME)).clone()
-    }
-}
-
-impl Component for TcpComponent {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn description(&self) -> &str {
-        "TCP sockets: active messages, and put/get/atomics executed by the target"
-    }
-
-    fn transport_names(&self) -> Vec<String> {
-        vec![NAME.into()]
-    }
-
-    fn config_table(&self) -> &'static [ConfigVar] {
-        TCP_CONFIG
-    }
-
-    fn md_names(&self) -> Result<Vec<String>> {
-        Ok(vec![NAME.into()])
-    }
-
-    fn open_md(&self, name: &str) -> Result<Arc<dyn MemoryDomain>> {
-        if name != NAME {
-            return Err(UctError::NoDevice(format!(
-                "component tcp has memory domain tcp, not {name}"
-            )));
-        }
-        Ok(self.host_md())
-    }
-
-    fn tl_resources(&self, md: &Arc<dyn MemoryDomain>) -> Result<Vec<TlResource>> {
-        if md.component() != NAME {
-            return Ok(vec![]);
-        }
-        Ok(devices::list()
-            .into_iter()
-            .map(|d| TlResource {
-                transport: NAME.into(),
-                device: d.name,
-                device_type: DeviceType::Network,
-                system_device: None,
-            })
-            .collect())
-    }
-
-    fn open_iface(
-        &self,
-        md: &Arc<dyn MemoryDomain>,
-        resource: &TlResource,
-        _params: &IfaceParams,
-    ) -> Result<Box<dyn Iface>> {
-        let host = md
-            .as_any()
-            .downcast_ref::<HostMd>()
-            .filter(|m| m.component() == NAME)
-            .ok_or_else(|| {
-                UctError::InvalidParam(format!("tcp needs memory domain tcp, got {}", md.name()))
-            })?;
-        let dev = devices::list()
-            .into_iter()
-            .find(|d| d.name == resource.device)
-            .ok_or_else(|| {
-                UctError::NoDevice(format!(
-                    "network interface {} (is it up, with an IPv4 address?)",
-                    resource.device
-                ))
-            })?;
-        Ok(Box::new(TcpIface::open(
-            dev,
-            md.clone(),
-            host.table().clone(),
-            peer_timeout(),
-        )?))
-    }
-
-    fn unpack_rkey(&self, entry: &RkeyEntry) -> Result<RemoteKey> {
-        HostMd::unpack_rkey(NAME, entry)
-    }
-}
-
-fn create() -> Arc<dyn Component> {
-    Arc::new(TcpComponent {
-        md: OnceLock::new(),
-    })
-}
-
-inventory::submit! {
-    BuiltinComponent { create }
-}

@@ -9,50 +9,55 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use uct_core::atomic_ops::{check_aligned, fetch_at};
-use uct_core::region_table::{RegionTable, SoftRkey};
-use uct_core::{Access, AtomicValue, Completion, CompletionData, FetchOp, MemHandle, UctError};
+use uct_core::region_table::RegionTable;
+use uct_core::{Access, AmHandlers, Completion, CompletionData, MemHandle, UctError};
 
 use crate::conn::{Conn, Payload};
-use crate::wire::{Header, Parsed, WireAtomic, WireError, WireKey};
+use crate::execute::{execute, table_key};
+use crate::wire::{Header, Parsed, WireError, WireKey};
 
 type Result<T, E = UctError> = std::result::Result<T, E>;
 
-/// What a pending request delivers its result to.
-pub(crate) enum Kind {
+/// A request that waits for its reply, and what the reply completes.
+pub(crate) enum PendingOp {
+    /// get_bcopy: the bytes go to the completion.
     GetBytes(Completion),
+    /// get_zcopy: the bytes are scattered into these (memory, offset,
+    /// length) pieces.
     GetIov(Vec<(MemHandle, usize, usize)>, Option<Completion>),
+    /// A fetching atomic: the old value goes to the completion.
     Atomic(Completion),
     /// A flush of endpoint `ep`.
-    Flush {
-        ep: u32,
-        comp: Option<Completion>,
-    },
+    Flush { ep: u32, comp: Option<Completion> },
 }
 
-/// A request waiting for its reply, and when it was sent.
-struct Pending {
-    kind: Kind,
-    since: Instant,
-}
-
-fn finish(p: Kind, r: Result<()>) {
-    match p {
-        Kind::GetBytes(c) | Kind::Atomic(c) => c.finish(r),
-        Kind::GetIov(_, c) | Kind::Flush { comp: c, .. } => {
-            if let Some(c) = c {
-                c.finish(r)
+impl PendingOp {
+    /// Completes the operation with `result` (no data).
+    fn finish(self, result: Result<()>) {
+        match self {
+            PendingOp::GetBytes(comp) | PendingOp::Atomic(comp) => comp.finish(result),
+            PendingOp::GetIov(_, comp) | PendingOp::Flush { comp, .. } => {
+                if let Some(comp) = comp {
+                    comp.finish(result)
+                }
             }
         }
     }
 }
 
+/// A request waiting for its reply, and when it was sent.
+struct Pending {
+    op: PendingOp,
+    since: Instant,
+}
+
 /// Request ids carry the endpoint in their high bits, so that a refusal
 /// (Nack) is reported to the endpoint that sent the request.
-pub(crate) fn req_id(ep: u32, seq: u64) -> u64 {
+fn req_id(ep: u32, seq: u64) -> u64 {
     ((ep as u64) << 40) | (seq & ((1 << 40) - 1))
 }
 
+/// The endpoint that sent request `req`.
 fn req_ep(req: u64) -> u32 {
     (req >> 40) as u32
 }
@@ -75,18 +80,24 @@ struct Direct {
 /// handlers after it is released (a handler may send on the same link).
 #[derive(Default)]
 pub(crate) struct AmBatch {
-    pub(crate) msgs: Vec<(u8, usize, usize)>,
-    pub(crate) bytes: Vec<u8>,
+    /// Each message's id, and where its bytes are in `bytes` (start, length).
+    msgs: Vec<(u8, usize, usize)>,
+    bytes: Vec<u8>,
 }
 
 impl AmBatch {
-    fn push(&mut self, id: u8, data: &[u8]) {
+    /// Adds a received message.
+    pub(crate) fn push(&mut self, id: u8, data: &[u8]) {
         let at = self.bytes.len();
         self.bytes.extend_from_slice(data);
         self.msgs.push((id, at, data.len()));
     }
 
-    pub(crate) fn clear(&mut self) {
+    /// Hands every message to its handler, in order, and empties the batch.
+    pub(crate) fn deliver(&mut self, handlers: &mut AmHandlers) {
+        for &(id, at, len) in &self.msgs {
+            handlers.deliver(id, &self.bytes[at..at + len]);
+        }
         self.msgs.clear();
         self.bytes.clear();
     }
@@ -141,17 +152,17 @@ impl Link {
 
     /// The next request id of endpoint `ep`.
     pub(crate) fn next_req(&mut self, ep: u32) -> u64 {
-        let s = self.next_seq;
+        let seq = self.next_seq;
         self.next_seq += 1;
-        req_id(ep, s)
+        req_id(ep, seq)
     }
 
     /// Records a request that waits for its reply.
-    pub(crate) fn add_pending(&mut self, req: u64, kind: Kind) {
+    pub(crate) fn add_pending(&mut self, req: u64, op: PendingOp) {
         self.pending.insert(
             req,
             Pending {
-                kind,
+                op,
                 since: Instant::now(),
             },
         );
@@ -183,8 +194,8 @@ impl Link {
 
     pub(crate) fn fail(&mut self, err: UctError) {
         log::debug!("tcp link to {}: {err}", self.peer());
-        for (_, p) in self.pending.drain() {
-            finish(p.kind, Err(err.clone()));
+        for (_, pending) in self.pending.drain() {
+            pending.op.finish(Err(err.clone()));
         }
         self.conn.fail_queued(&err);
         self.failed.get_or_insert(err);
@@ -275,15 +286,13 @@ impl Link {
                             self.on_reply(header, data)?;
                         } else {
                             let data = self.conn.data(data_at, data_len);
-                            let r = execute(table, ams, &mut self.remote_iface, header, data)?;
-                            if let Some(r) = r {
-                                replies.push(r);
-                            }
+                            let reply = execute(table, ams, &mut self.remote_iface, header, data)?;
+                            replies.extend(reply);
                             self.conn.consume(total);
                         }
                     }
                     Parsed::HeaderOnly {
-                        header: Header::Put { req, key: k, addr },
+                        header: Header::Put { req, key, addr },
                         data_at,
                         data_len,
                         have,
@@ -292,32 +301,36 @@ impl Link {
                         // the socket. The whole range is checked first, so a
                         // refusal names the put, not a piece of it.
                         let first = self.conn.data(data_at, have);
-                        let r = table.access(
-                            &key(k),
+                        let checked = table.access(
+                            &table_key(key),
                             addr,
                             data_len as u64,
                             Access::REMOTE_WRITE,
-                            |p| {
-                                // SAFETY: the table checked [p, p+data_len) and
-                                // have <= data_len.
-                                unsafe { std::ptr::copy_nonoverlapping(first.as_ptr(), p, have) }
+                            |dst| {
+                                // SAFETY: `access` checked [dst, dst + data_len)
+                                // for remote write and keeps it registered
+                                // while this closure runs; have <= data_len
+                                // (parse returns HeaderOnly only for a frame
+                                // not yet complete); `first` is the receive
+                                // buffer, which no region overlaps.
+                                unsafe { std::ptr::copy_nonoverlapping(first.as_ptr(), dst, have) }
                             },
                         );
                         self.conn.consume(data_at + have);
                         self.direct = Some(Direct {
                             req,
-                            key: k,
+                            key,
                             addr: addr + have as u64,
                             remaining: data_len - have,
-                            error: r.err(),
+                            error: checked.err(),
                         });
                         break;
                     }
                     _ => break,
                 }
             }
-            for (h, p) in replies {
-                self.conn.send(&h, p, None)?;
+            for (header, payload) in replies {
+                self.conn.send(&header, payload, None)?;
             }
             if self.direct.is_none() {
                 break;
@@ -331,99 +344,105 @@ impl Link {
     /// Reads the rest of a large put into its target. None: the socket has
     /// nothing more now; Some(refusal): the put is complete.
     fn direct_step(&mut self, table: &RegionTable) -> Result<Option<Option<UctError>>> {
-        let Some(d) = self.direct.as_mut() else {
+        let Some(put) = self.direct.as_mut() else {
             return Ok(Some(None));
         };
         let conn = &mut self.conn;
         let mut scratch = Vec::new();
-        while d.remaining > 0 {
-            let n = if d.error.is_none() {
-                // The region cannot be deregistered while the bytes land:
-                // the table's read lock is held around the receive.
-                let want = d.remaining;
+        while put.remaining > 0 {
+            let received = if put.error.is_none() {
+                let want = put.remaining;
                 match table.access(
-                    &key(d.key),
-                    d.addr,
+                    &table_key(put.key),
+                    put.addr,
                     want as u64,
                     Access::REMOTE_WRITE,
-                    |p| conn.recv_into(p, want),
+                    |dst| {
+                        // SAFETY: `access` checked that [dst, dst + want) lies
+                        // in a registered region granting remote write, and
+                        // holds the table's read lock around the receive, so
+                        // the region cannot be deregistered while the bytes
+                        // land.
+                        unsafe { conn.recv_into(dst, want) }
+                    },
                 ) {
-                    Ok(r) => r?,
+                    Ok(received) => received?,
                     Err(e) => {
-                        d.error = Some(e);
+                        put.error = Some(e);
                         continue;
                     }
                 }
             } else {
-                scratch.resize(d.remaining.min(64 * 1024), 0);
-                let len = scratch.len();
-                conn.recv_into(scratch.as_mut_ptr(), len)?
+                // Refused: read the rest and drop it.
+                scratch.resize(put.remaining.min(64 * 1024), 0);
+                conn.recv(&mut scratch)?
             };
-            if n == 0 {
+            if received == 0 {
                 return Ok(None);
             }
-            d.addr += n as u64;
-            d.remaining -= n;
+            put.addr += received as u64;
+            put.remaining -= received;
         }
-        Ok(Some(d.error.take()))
+        Ok(Some(put.error.take()))
     }
 
-    fn on_reply(&mut self, h: Header, data: Vec<u8>) -> Result<()> {
+    /// Completes the pending operation a reply answers.
+    fn on_reply(&mut self, header: Header, data: Vec<u8>) -> Result<()> {
         let unknown = |req| UctError::Protocol(format!("reply to unknown request {req}"));
         let mismatch = |what: &str| UctError::Protocol(format!("{what} reply to another request"));
-        match h {
+        match header {
             Header::GetReply { req, error } => {
-                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.kind {
-                    Kind::GetBytes(c) => match error {
-                        Some(e) => c.finish(Err(e.into())),
+                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.op {
+                    PendingOp::GetBytes(comp) => match error {
+                        Some(e) => comp.finish(Err(e.into())),
                         None => {
-                            c.set_data(CompletionData::Bytes(data));
-                            c.finish(Ok(()));
+                            comp.set_data(CompletionData::Bytes(data));
+                            comp.finish(Ok(()));
                         }
                     },
-                    Kind::GetIov(iov, c) => {
-                        let r = match error {
+                    PendingOp::GetIov(iov, comp) => {
+                        let result = match error {
                             Some(e) => Err(e.into()),
                             None => scatter(&iov, &data),
                         };
-                        if let Some(c) = c {
-                            c.finish(r);
+                        if let Some(comp) = comp {
+                            comp.finish(result);
                         }
                     }
                     other => {
-                        finish(other, Err(mismatch("get")));
+                        other.finish(Err(mismatch("get")));
                         return Err(mismatch("get"));
                     }
                 }
             }
             Header::AtomicReply { req, old, error } => {
-                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.kind {
-                    Kind::Atomic(c) => match error {
-                        Some(e) => c.finish(Err(e.into())),
+                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.op {
+                    PendingOp::Atomic(comp) => match error {
+                        Some(e) => comp.finish(Err(e.into())),
                         None => {
-                            c.set_data(CompletionData::Value(old));
-                            c.finish(Ok(()));
+                            comp.set_data(CompletionData::Value(old));
+                            comp.finish(Ok(()));
                         }
                     },
                     other => {
-                        finish(other, Err(mismatch("atomic")));
+                        other.finish(Err(mismatch("atomic")));
                         return Err(mismatch("atomic"));
                     }
                 }
             }
             Header::FlushReply { req } => {
-                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.kind {
-                    Kind::Flush { ep, comp } => {
-                        let r = match self.nacks.remove(&ep) {
+                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.op {
+                    PendingOp::Flush { ep, comp } => {
+                        let result = match self.nacks.remove(&ep) {
                             Some(e) => Err(e),
                             None => Ok(()),
                         };
-                        if let Some(c) = comp {
-                            c.finish(r);
+                        if let Some(comp) = comp {
+                            comp.finish(result);
                         }
                     }
                     other => {
-                        finish(other, Err(mismatch("flush")));
+                        other.finish(Err(mismatch("flush")));
                         return Err(mismatch("flush"));
                     }
                 }
@@ -445,16 +464,17 @@ impl Link {
 impl Drop for Link {
     fn drop(&mut self) {
         let err = UctError::Canceled("the tcp connection was closed".into());
-        for (_, p) in self.pending.drain() {
-            finish(p.kind, Err(err.clone()));
+        for (_, pending) in self.pending.drain() {
+            pending.op.finish(Err(err.clone()));
         }
         self.conn.fail_queued(&err);
     }
 }
 
-fn is_reply(h: &Header) -> bool {
+/// Whether a frame answers a request of this side (rather than asking).
+fn is_reply(header: &Header) -> bool {
     matches!(
-        h,
+        header,
         Header::GetReply { .. }
             | Header::AtomicReply { .. }
             | Header::FlushReply { .. }
@@ -477,155 +497,4 @@ fn scatter(iov: &[(MemHandle, usize, usize)], data: &[u8]) -> Result<()> {
         at += len;
     }
     Ok(())
-}
-
-fn key(k: WireKey) -> SoftRkey {
-    // Only id and secret matter to the table; range and rights are its own.
-    SoftRkey {
-        region_id: k.region_id,
-        secret: k.secret,
-        base: 0,
-        len: 0,
-        access: Access::empty(),
-    }
-}
-
-fn atomic(
-    table: &RegionTable,
-    k: WireKey,
-    addr: u64,
-    width: u8,
-    op: WireAtomic,
-    value: u64,
-) -> Result<u64> {
-    let val = |v: u64| match width {
-        4 => Ok(AtomicValue::U32(v as u32)),
-        8 => Ok(AtomicValue::U64(v)),
-        w => Err(UctError::InvalidParam(format!("atomic width {w}"))),
-    };
-    let fop = match op {
-        WireAtomic::Add | WireAtomic::FetchAdd => FetchOp::Add(val(value)?),
-        WireAtomic::Swap => FetchOp::Swap(val(value)?),
-        WireAtomic::CompareSwap { compare } => FetchOp::CompareSwap {
-            compare: val(compare)?,
-            swap: val(value)?,
-        },
-    };
-    check_aligned(addr, width as usize)?;
-    table.access(&key(k), addr, width as u64, Access::REMOTE_ATOMIC, |p| {
-        // SAFETY: the table checked a live word granting atomic access;
-        // alignment was checked above.
-        unsafe { fetch_at(p, fop) }
-    })?
-}
-
-/// Executes one request from the peer and returns its reply, if it has one.
-fn execute(
-    table: &RegionTable,
-    ams: &mut AmBatch,
-    remote_iface: &mut Option<SocketAddr>,
-    h: Header,
-    data: &[u8],
-) -> Result<Option<(Header, Payload)>> {
-    let nack = |req, e: UctError| {
-        Some((
-            Header::Nack {
-                req,
-                error: WireError::from(&e),
-            },
-            Payload::None,
-        ))
-    };
-    Ok(match h {
-        Header::Hello { addr, port } => {
-            *remote_iface = crate::iface::parse_addr(&addr, &port.to_le_bytes());
-            None
-        }
-        Header::Am { id } => {
-            ams.push(id, data);
-            None
-        }
-        Header::Put { req, key: k, addr } => {
-            let r = table.access(
-                &key(k),
-                addr,
-                data.len() as u64,
-                Access::REMOTE_WRITE,
-                |p| {
-                    // SAFETY: the table checked that [p, p+len) is live and
-                    // grants remote write.
-                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
-                },
-            );
-            r.err().and_then(|e| nack(req, e))
-        }
-        Header::Get {
-            req,
-            key: k,
-            addr,
-            len,
-        } => {
-            if len as usize > crate::iface::MAX_FRAME_DATA {
-                let error = WireError::Other(format!(
-                    "get of {len} bytes exceeds {}",
-                    crate::iface::MAX_FRAME_DATA
-                ));
-                return Ok(Some((
-                    Header::GetReply {
-                        req,
-                        error: Some(error),
-                    },
-                    Payload::None,
-                )));
-            }
-            // Allocate only once the access is known to be good.
-            let r = table.access(&key(k), addr, len, Access::REMOTE_READ, |p| {
-                // SAFETY: as for put, with remote read granted.
-                unsafe { std::slice::from_raw_parts(p as *const u8, len as usize) }.to_vec()
-            });
-            Some(match r {
-                Ok(buf) => (Header::GetReply { req, error: None }, Payload::Bytes(buf)),
-                Err(e) => (
-                    Header::GetReply {
-                        req,
-                        error: Some(WireError::from(&e)),
-                    },
-                    Payload::None,
-                ),
-            })
-        }
-        Header::Atomic {
-            req,
-            key: k,
-            addr,
-            width,
-            op,
-            value,
-        } => match (op, atomic(table, k, addr, width, op, value)) {
-            (WireAtomic::Add, Ok(_)) => None,
-            (WireAtomic::Add, Err(e)) => nack(req, e),
-            (_, Ok(old)) => Some((
-                Header::AtomicReply {
-                    req,
-                    old,
-                    error: None,
-                },
-                Payload::None,
-            )),
-            (_, Err(e)) => Some((
-                Header::AtomicReply {
-                    req,
-                    old: 0,
-                    error: Some(WireError::from(&e)),
-                },
-                Payload::None,
-            )),
-        },
-        Header::Flush { req } => Some((Header::FlushReply { req }, Payload::None)),
-        other => {
-            return Err(UctError::Protocol(format!(
-                "a reply ({other:?}) sent as a request"
-            )))
-        }
-    })
 }

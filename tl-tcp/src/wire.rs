@@ -170,31 +170,31 @@ pub enum Header {
 
 /// Encodes a frame's prefix and header; the data follows separately.
 pub fn encode(header: &Header, data_len: usize) -> Result<Vec<u8>, UctError> {
-    let h = postcard::to_stdvec(header)
+    let encoded = postcard::to_stdvec(header)
         .map_err(|e| UctError::InvalidParam(format!("cannot encode a tcp frame header: {e}")))?;
-    let dl = u32::try_from(data_len).map_err(|_| {
+    let data_len32 = u32::try_from(data_len).map_err(|_| {
         UctError::InvalidParam(format!("{data_len} bytes do not fit one tcp frame"))
     })?;
-    let mut out = Vec::with_capacity(PREFIX + h.len());
-    out.extend_from_slice(&(h.len() as u32).to_le_bytes());
-    out.extend_from_slice(&dl.to_le_bytes());
-    out.extend_from_slice(&h);
+    let mut out = Vec::with_capacity(PREFIX + encoded.len());
+    out.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+    out.extend_from_slice(&data_len32.to_le_bytes());
+    out.extend_from_slice(&encoded);
     Ok(out)
 }
 
 /// Encodes a frame's prefix and header into `buf` without allocating;
 /// returns the length used.
 pub fn encode_into(header: &Header, data_len: usize, buf: &mut [u8]) -> Result<usize, UctError> {
-    let dl = u32::try_from(data_len).map_err(|_| {
+    let data_len32 = u32::try_from(data_len).map_err(|_| {
         UctError::InvalidParam(format!("{data_len} bytes do not fit one tcp frame"))
     })?;
     let (prefix, rest) = buf.split_at_mut(PREFIX);
-    let hl = postcard::to_slice(header, rest)
+    let header_len = postcard::to_slice(header, rest)
         .map_err(|e| UctError::InvalidParam(format!("cannot encode a tcp frame header: {e}")))?
         .len();
-    prefix[..4].copy_from_slice(&(hl as u32).to_le_bytes());
-    prefix[4..].copy_from_slice(&dl.to_le_bytes());
-    Ok(PREFIX + hl)
+    prefix[..4].copy_from_slice(&(header_len as u32).to_le_bytes());
+    prefix[4..].copy_from_slice(&data_len32.to_le_bytes());
+    Ok(PREFIX + header_len)
 }
 
 /// Result of looking at received bytes.
@@ -226,38 +226,38 @@ pub fn parse(buf: &[u8], max_data: usize) -> Result<Parsed, String> {
     if buf.len() < PREFIX {
         return Ok(Parsed::Incomplete);
     }
-    let hl = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    let dl = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
-    if hl == 0 || hl > MAX_HEADER {
+    let header_len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    let data_len = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
+    if header_len == 0 || header_len > MAX_HEADER {
         return Err(format!(
-            "frame header length {hl} is outside 1..={MAX_HEADER}"
+            "frame header length {header_len} is outside 1..={MAX_HEADER}"
         ));
     }
-    if dl > max_data {
-        return Err(format!("frame data length {dl} exceeds {max_data}"));
+    if data_len > max_data {
+        return Err(format!("frame data length {data_len} exceeds {max_data}"));
     }
-    if buf.len() < PREFIX + hl {
+    if buf.len() < PREFIX + header_len {
         return Ok(Parsed::Incomplete);
     }
-    let (header, rest) = postcard::take_from_bytes::<Header>(&buf[PREFIX..PREFIX + hl])
+    let (header, rest) = postcard::take_from_bytes::<Header>(&buf[PREFIX..PREFIX + header_len])
         .map_err(|e| format!("frame header does not decode: {e}"))?;
     if !rest.is_empty() {
         return Err("frame header has trailing bytes".into());
     }
-    check_data_len(&header, dl)?;
-    let total = PREFIX + hl + dl;
+    check_data_len(&header, data_len)?;
+    let total = PREFIX + header_len + data_len;
     if buf.len() < total {
         return Ok(Parsed::HeaderOnly {
             header,
-            data_at: PREFIX + hl,
-            data_len: dl,
-            have: buf.len() - PREFIX - hl,
+            data_at: PREFIX + header_len,
+            data_len,
+            have: buf.len() - PREFIX - header_len,
         });
     }
     Ok(Parsed::Frame {
         header,
-        data_at: PREFIX + hl,
-        data_len: dl,
+        data_at: PREFIX + header_len,
+        data_len,
         total,
     })
 }

@@ -1,0 +1,188 @@
+//! The target's side of each request from a peer: active messages are
+//! batched for the handlers; puts, gets and atomics are checked against the
+//! region table (region, secret, range, rights) and executed; the reply, if
+//! the request has one, is returned for the link to send.
+
+use std::net::SocketAddr;
+
+use uct_core::atomic_ops::{check_aligned, fetch_at};
+use uct_core::region_table::{RegionTable, SoftRkey};
+use uct_core::{Access, AtomicValue, FetchOp, UctError};
+
+use crate::address::parse_addr;
+use crate::conn::Payload;
+use crate::iface::MAX_FRAME_DATA;
+use crate::link::AmBatch;
+use crate::wire::{Header, WireAtomic, WireError, WireKey};
+
+type Result<T, E = UctError> = std::result::Result<T, E>;
+
+/// The key the region table checks, from the part of an rkey on the wire.
+pub(crate) fn table_key(wire_key: WireKey) -> SoftRkey {
+    // Only id and secret matter to the table; range and rights are its own.
+    SoftRkey {
+        region_id: wire_key.region_id,
+        secret: wire_key.secret,
+        base: 0,
+        len: 0,
+        access: Access::empty(),
+    }
+}
+
+/// Executes an atomic of `width` bytes at `addr`; returns the old value.
+fn atomic(
+    table: &RegionTable,
+    wire_key: WireKey,
+    addr: u64,
+    width: u8,
+    op: WireAtomic,
+    value: u64,
+) -> Result<u64> {
+    let operand = |raw: u64| match width {
+        4 => Ok(AtomicValue::U32(raw as u32)),
+        8 => Ok(AtomicValue::U64(raw)),
+        other => Err(UctError::InvalidParam(format!("atomic width {other}"))),
+    };
+    let fetch_op = match op {
+        WireAtomic::Add | WireAtomic::FetchAdd => FetchOp::Add(operand(value)?),
+        WireAtomic::Swap => FetchOp::Swap(operand(value)?),
+        WireAtomic::CompareSwap { compare } => FetchOp::CompareSwap {
+            compare: operand(compare)?,
+            swap: operand(value)?,
+        },
+    };
+    check_aligned(addr, width as usize)?;
+    table.access(
+        &table_key(wire_key),
+        addr,
+        width as u64,
+        Access::REMOTE_ATOMIC,
+        |word| {
+            // SAFETY: `access` checked that the `width` bytes at `word` lie
+            // in a registered region granting atomic access, and holds the
+            // table's read lock (no deregistration) while this closure
+            // runs; check_aligned made `word` a multiple of `width`, which
+            // is fetch_op's width; a word granted REMOTE_ATOMIC is accessed
+            // only atomically.
+            unsafe { fetch_at(word, fetch_op) }
+        },
+    )?
+}
+
+/// A refusal of a request without a reply of its own (put, add).
+fn nack(req: u64, error: &UctError) -> Option<(Header, Payload)> {
+    Some((
+        Header::Nack {
+            req,
+            error: WireError::from(error),
+        },
+        Payload::None,
+    ))
+}
+
+/// Executes one request from the peer and returns its reply, if it has one.
+/// A Hello records where the peer's iface listens in `remote_iface`.
+pub(crate) fn execute(
+    table: &RegionTable,
+    ams: &mut AmBatch,
+    remote_iface: &mut Option<SocketAddr>,
+    header: Header,
+    data: &[u8],
+) -> Result<Option<(Header, Payload)>> {
+    Ok(match header {
+        Header::Hello { addr, port } => {
+            *remote_iface = parse_addr(&addr, &port.to_le_bytes());
+            None
+        }
+        Header::Am { id } => {
+            ams.push(id, data);
+            None
+        }
+        Header::Put { req, key, addr } => {
+            let done = table.access(
+                &table_key(key),
+                addr,
+                data.len() as u64,
+                Access::REMOTE_WRITE,
+                |dst| {
+                    // SAFETY: `access` checked that [dst, dst + data.len())
+                    // lies in a registered region granting remote write and
+                    // keeps it registered while this closure runs; `data` is
+                    // the connection's receive buffer, which no region
+                    // overlaps.
+                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) }
+                },
+            );
+            done.err().and_then(|e| nack(req, &e))
+        }
+        Header::Get {
+            req,
+            key,
+            addr,
+            len,
+        } => {
+            if len as usize > MAX_FRAME_DATA {
+                let error =
+                    WireError::Other(format!("get of {len} bytes exceeds {MAX_FRAME_DATA}"));
+                return Ok(Some((
+                    Header::GetReply {
+                        req,
+                        error: Some(error),
+                    },
+                    Payload::None,
+                )));
+            }
+            // Allocate only once the access is known to be good.
+            let read = table.access(&table_key(key), addr, len, Access::REMOTE_READ, |src| {
+                // SAFETY: `access` checked that [src, src + len) lies in a
+                // registered region granting remote read and keeps it
+                // registered while this closure runs; the slice is copied
+                // out before it returns. len <= MAX_FRAME_DATA fits usize.
+                unsafe { std::slice::from_raw_parts(src as *const u8, len as usize) }.to_vec()
+            });
+            Some(match read {
+                Ok(bytes) => (Header::GetReply { req, error: None }, Payload::Bytes(bytes)),
+                Err(e) => (
+                    Header::GetReply {
+                        req,
+                        error: Some(WireError::from(&e)),
+                    },
+                    Payload::None,
+                ),
+            })
+        }
+        Header::Atomic {
+            req,
+            key,
+            addr,
+            width,
+            op,
+            value,
+        } => match (op, atomic(table, key, addr, width, op, value)) {
+            (WireAtomic::Add, Ok(_)) => None,
+            (WireAtomic::Add, Err(e)) => nack(req, &e),
+            (_, Ok(old)) => Some((
+                Header::AtomicReply {
+                    req,
+                    old,
+                    error: None,
+                },
+                Payload::None,
+            )),
+            (_, Err(e)) => Some((
+                Header::AtomicReply {
+                    req,
+                    old: 0,
+                    error: Some(WireError::from(&e)),
+                },
+                Payload::None,
+            )),
+        },
+        Header::Flush { req } => Some((Header::FlushReply { req }, Payload::None)),
+        other => {
+            return Err(UctError::Protocol(format!(
+                "a reply ({other:?}) sent as a request"
+            )))
+        }
+    })
+}
