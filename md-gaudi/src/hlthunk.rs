@@ -42,6 +42,18 @@ const HW_IP_INFO_BYTES: usize = 4096;
 /// Offset of `dram_size`: after sram_base_address and dram_base_address.
 const HW_IP_DRAM_SIZE_OFFSET: usize = 16;
 
+// The hl-thunk prototypes (hlthunk.h) of the functions md-gaudi calls.
+//
+// The contract every call through [`HlThunk`] relies on: each pointer was
+// resolved in [`HlThunk::load`], by its hl-thunk name, from the library the
+// user named as hl-thunk (`UCT_GAUDI_HLTHUNK_LIB`, or `libhl-thunk.so`), and
+// typed with the prototype below that hlthunk.h declares for that name; the
+// library stays loaded as long as the `HlThunk`. Calling one is then sound
+// when its pointer arguments point to memory of the size the prototype
+// requires, for the duration of the call; value arguments (fds, handles,
+// device addresses, sizes) need nothing: the driver checks them and fails
+// with an errno. A library that exports these names with other prototypes
+// breaks this contract; nothing at run time can tell.
 type OpenFn = unsafe extern "C" fn(c_int, *const c_char) -> c_int;
 type FdFn = unsafe extern "C" fn(c_int) -> c_int;
 type CountFn = unsafe extern "C" fn(c_int) -> c_int;
@@ -91,16 +103,19 @@ impl HlThunk {
     /// search path) and resolves every function.
     pub fn load(path: &Path) -> Result<HlThunk> {
         let shown = path.display().to_string();
-        // SAFETY: loading runs the library's initialisers; hl-thunk's (and
-        // the simulator's) have no preconditions.
+        // SAFETY: loading runs the library's initialisers; the library is
+        // the one the user named as hl-thunk, whose initialisers (and the
+        // simulator's) have no preconditions.
         let lib = unsafe { Library::new(path) }.map_err(|e| GaudiError::LibraryNotLoaded {
             path: shown.clone(),
             reason: e.to_string(),
         })?;
         macro_rules! sym {
             ($name:literal, $ty:ty) => {{
-                // SAFETY: the symbol has the hl-thunk prototype named by
-                // $ty (hlthunk.h); the library outlives the copy.
+                // SAFETY: the library claims to be hl-thunk, whose symbol
+                // $name has the prototype $ty (hlthunk.h); the copied
+                // pointer is kept beside the library in `HlThunk`, so it
+                // never outlives it.
                 let s = unsafe { lib.get::<$ty>(concat!($name, "\0").as_bytes()) };
                 *s.map_err(|_| GaudiError::MissingSymbol {
                     path: shown.clone(),
@@ -109,18 +124,24 @@ impl HlThunk {
             }};
         }
         let simulator = {
-            // SAFETY: the simulator's describe function takes nothing and
-            // returns a static NUL-terminated string.
-            let s = unsafe { lib.get::<DescribeFn>(b"hlthunk_sim_describe\0") };
-            match s {
-                Ok(f) => {
-                    // SAFETY: as above.
-                    let p = unsafe { f() };
-                    Some(if p.is_null() {
+            // SAFETY: only the simulator exports `hlthunk_sim_describe`, with
+            // the prototype DescribeFn (test-suite/hlthunk-sim); the symbol
+            // is used only while `lib` is alive, here.
+            let describe = unsafe { lib.get::<DescribeFn>(b"hlthunk_sim_describe\0") };
+            match describe {
+                Ok(describe) => {
+                    // SAFETY: DescribeFn takes no arguments; the library is
+                    // loaded.
+                    let text = unsafe { describe() };
+                    Some(if text.is_null() {
                         "hl-thunk simulator".to_string()
                     } else {
-                        // SAFETY: a static NUL-terminated string.
-                        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+                        // SAFETY: the simulator returns a pointer to a
+                        // static NUL-terminated string, which lives as long
+                        // as the library, longer than this copy.
+                        unsafe { CStr::from_ptr(text) }
+                            .to_string_lossy()
+                            .into_owned()
                     })
                 }
                 Err(_) => None,
@@ -154,7 +175,8 @@ impl HlThunk {
     }
 
     pub fn device_count(&self) -> c_int {
-        // SAFETY: plain int argument.
+        // SAFETY: `hlthunk_get_device_count` has the prototype CountFn (see
+        // the contract on the prototypes); its one argument is a value.
         unsafe { (self.device_count)(device_name::DONT_CARE) }
     }
 
@@ -165,7 +187,9 @@ impl HlThunk {
             .map(std::ffi::CString::new)
             .transpose()
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: null or a NUL-terminated string that outlives the call.
+        // SAFETY: `hlthunk_open` has the prototype OpenFn (see the contract
+        // on the prototypes); the bus id is null (any device) or a
+        // NUL-terminated string that outlives the call.
         let fd = unsafe {
             (self.open)(
                 device_name::DONT_CARE,
@@ -180,7 +204,11 @@ impl HlThunk {
     }
 
     pub fn close(&self, fd: c_int) -> io::Result<()> {
-        // SAFETY: fd came from `open` and is closed once.
+        // SAFETY: `hlthunk_close` has the prototype FdFn (see the contract
+        // on the prototypes); its one argument is a value. Closing the
+        // right fd, once, is the caller's duty (see `open`): a wrong one
+        // fails with EBADF or closes another descriptor, which is no
+        // memory error.
         let rc = unsafe { (self.close)(fd) };
         if rc < 0 {
             Err(int_error(rc))
@@ -190,19 +218,25 @@ impl HlThunk {
     }
 
     pub fn device_name(&self, fd: c_int) -> c_int {
-        // SAFETY: plain int argument.
+        // SAFETY: `hlthunk_get_device_name_from_fd` has the prototype FdFn
+        // (see the contract on the prototypes); its one argument is a
+        // value.
         unsafe { (self.device_name_from_fd)(fd) }
     }
 
     pub fn pci_bus_id(&self, fd: c_int) -> io::Result<String> {
         let mut buf = [0 as c_char; 64];
-        // SAFETY: buf has the length we pass.
+        // SAFETY: `hlthunk_get_pci_bus_id_from_fd` has the prototype
+        // BusIdFn (see the contract on the prototypes): it writes at most
+        // the length it is given into the buffer, and `buf` has exactly
+        // that many writable bytes.
         let rc = unsafe { (self.pci_bus_id_from_fd)(fd, buf.as_mut_ptr(), buf.len() as c_int) };
         if rc < 0 {
             return Err(int_error(rc));
         }
         buf[buf.len() - 1] = 0;
-        // SAFETY: NUL-terminated above at the latest.
+        // SAFETY: `buf` is NUL-terminated (its last byte was set to 0
+        // above) and lives until the copy is made.
         Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
             .to_string_lossy()
             .into_owned())
@@ -211,7 +245,10 @@ impl HlThunk {
     /// `dram_size` from the hardware info.
     pub fn dram_size(&self, fd: c_int) -> io::Result<u64> {
         let mut buf = vec![0u8; HW_IP_INFO_BYTES];
-        // SAFETY: buf is larger than struct hlthunk_hw_ip_info.
+        // SAFETY: `hlthunk_get_hw_ip_info` has the prototype HwIpFn (see the
+        // contract on the prototypes): it writes one `struct
+        // hlthunk_hw_ip_info` through the pointer, and `buf` has
+        // HW_IP_INFO_BYTES writable bytes, more than that struct.
         let rc = unsafe { (self.hw_ip_info)(fd, buf.as_mut_ptr()) };
         if rc < 0 {
             return Err(int_error(rc));
@@ -223,7 +260,8 @@ impl HlThunk {
 
     /// Returns the handle; errno on failure.
     pub fn mem_alloc(&self, fd: c_int, size: u64, page_size: u64) -> io::Result<u64> {
-        // SAFETY: plain value arguments.
+        // SAFETY: `hlthunk_device_memory_alloc` has the prototype AllocFn
+        // (see the contract on the prototypes); every argument is a value.
         let h = unsafe { (self.mem_alloc)(fd, size, page_size, false, false) };
         if h == 0 {
             Err(errno())
@@ -233,7 +271,9 @@ impl HlThunk {
     }
 
     pub fn mem_free(&self, fd: c_int, handle: u64) -> io::Result<()> {
-        // SAFETY: plain value arguments.
+        // SAFETY: `hlthunk_device_memory_free` has the prototype HandleFn
+        // (see the contract on the prototypes); every argument is a value,
+        // and the handle names device memory, never host memory.
         let rc = unsafe { (self.mem_free)(fd, handle) };
         if rc < 0 {
             Err(int_error(rc))
@@ -244,7 +284,9 @@ impl HlThunk {
 
     /// Returns the device VA; errno on failure.
     pub fn mem_map(&self, fd: c_int, handle: u64) -> io::Result<u64> {
-        // SAFETY: plain value arguments.
+        // SAFETY: `hlthunk_device_memory_map` has the prototype MapFn (see
+        // the contract on the prototypes); every argument is a value (a
+        // hint address of 0 lets the driver choose).
         let va = unsafe { (self.mem_map)(fd, handle, 0) };
         if va == 0 {
             Err(errno())
@@ -254,7 +296,9 @@ impl HlThunk {
     }
 
     pub fn unmap(&self, fd: c_int, va: u64) -> io::Result<()> {
-        // SAFETY: plain value arguments.
+        // SAFETY: `hlthunk_memory_unmap` has the prototype HandleFn (see the
+        // contract on the prototypes); every argument is a value, and the
+        // address is a device VA, not a host mapping.
         let rc = unsafe { (self.unmap)(fd, va) };
         if rc < 0 {
             Err(int_error(rc))
@@ -272,12 +316,16 @@ impl HlThunk {
         offset: u64,
         flags: u32,
     ) -> io::Result<OwnedFd> {
-        // SAFETY: plain value arguments.
+        // SAFETY: `hlthunk_device_mapped_memory_export_dmabuf_fd` has the
+        // prototype ExportFn (see the contract on the prototypes); every
+        // argument is a value.
         let rc = unsafe { (self.export_dmabuf)(fd, addr, size, offset, flags) };
         if rc < 0 {
             return Err(int_error(rc));
         }
-        // SAFETY: a new fd the library handed to us to own.
+        // SAFETY: rc >= 0 is the new DMA-buf fd the export opened for its
+        // caller; hl-thunk keeps no copy, so nothing else owns or closes
+        // it.
         Ok(unsafe { OwnedFd::from_raw_fd(rc) })
     }
 }

@@ -14,7 +14,7 @@ use uct_core::{Access, MdFlags, MemoryDomain, MemoryType, UctError};
 const GIB: u64 = 1 << 30;
 
 fn sim_path() -> PathBuf {
-    test_suite::modules::hlthunk_sim_path().expect(
+    hlthunk_sim::library_path().expect(
         "libhlthunk_sim.so (the hl-thunk test double) is built beside the tests; run `cargo build -p hlthunk-sim`",
     )
 }
@@ -35,15 +35,16 @@ fn fixture() -> (&'static [Arc<GaudiMd>], MutexGuard<'static, ()>) {
 
 /// Calls one of the simulator's own counters, in the same loaded copy.
 fn sim_counter(name: &str) -> u64 {
-    // SAFETY: the same library md-gaudi loaded (dlopen returns the same
-    // handle); the counters take nothing and return u64.
-    unsafe {
-        let lib = libloading::Library::new(sim_path()).expect("load the simulator");
-        let f = lib
-            .get::<unsafe extern "C" fn() -> u64>(format!("{name}\0").as_bytes())
+    // SAFETY: the simulator md-gaudi already loaded (dlopen returns the
+    // same handle, so its initialisers do not run again).
+    let lib = unsafe { libloading::Library::new(sim_path()) }.expect("load the simulator");
+    // SAFETY: the simulator's counters (`hlthunk_sim_*`) take nothing and
+    // return a u64; the symbol is used only while `lib` is alive, here.
+    let counter =
+        unsafe { lib.get::<unsafe extern "C" fn() -> u64>(format!("{name}\0").as_bytes()) }
             .expect("simulator counter");
-        f()
-    }
+    // SAFETY: a counter with the prototype above; the library is loaded.
+    unsafe { counter() }
 }
 
 fn open_fds() -> usize {
@@ -98,7 +99,9 @@ fn alloc_query_detect_free() {
     let (fd, offset) = info.dmabuf.expect("a DMA-buf fd");
     assert_eq!(offset, 8192);
     // The CPU cannot map the DMA-buf of device memory.
-    // SAFETY: a plain mmap call on a valid fd; the result is checked.
+    // SAFETY: with a null hint and no MAP_FIXED, mmap picks fresh addresses
+    // and cannot disturb an existing mapping; the result is only compared,
+    // never dereferenced.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),

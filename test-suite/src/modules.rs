@@ -53,22 +53,3 @@ pub fn example_module_dir() -> Option<PathBuf> {
     }
     None
 }
-
-/// `libhlthunk_sim.so`, the hl-thunk simulator (a TEST DOUBLE for Gaudi's
-/// driver library), as cargo builds it for tests.
-pub fn hlthunk_sim_path() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let mut dir = exe.parent()?.to_path_buf();
-    for _ in 0..3 {
-        for cand in [
-            dir.join("libhlthunk_sim.so"),
-            dir.join("deps/libhlthunk_sim.so"),
-        ] {
-            if cand.exists() {
-                return Some(cand);
-            }
-        }
-        dir = dir.parent()?.to_path_buf();
-    }
-    None
-}

@@ -10,9 +10,6 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use test_suite::pair::Mode;
 use test_suite::{all_cases, not_applicable, Pair};
 use uct_core::{Access, DeviceType, MemoryType, Registry, Resource};
-// Built-in transports register themselves when linked.
-use tl_sm as _;
-use tl_tcp as _;
 
 /// The transports this suite looks for, whatever the registry holds: a
 /// transport whose component is missing altogether is still named, with
@@ -47,6 +44,7 @@ fn record(tally: &Tallies, key: &str, f: impl FnOnce(&mut Tally)) {
 }
 
 fn main() {
+    uct_builtins::link();
     // A child started by a two-process case serves its target here.
     test_suite::target::run_agent_if_asked();
     uct_core::logging::init();

@@ -5,18 +5,14 @@
 
 use std::sync::Arc;
 
-use md_gaudi::GaudiMd;
+use uct_builtins::md_gaudi::{self, GaudiMd};
 use uct_core::{
     Access, Completion, EpParams, IfaceParams, Iov, MemoryDomain, MemoryType, Registry, RkeyBundle,
     UctError,
 };
 
-use tl_sm as _;
-use tl_tcp as _;
-
 fn gaudi() -> Arc<GaudiMd> {
-    let sim =
-        test_suite::modules::hlthunk_sim_path().expect("libhlthunk_sim.so is built with the tests");
+    let sim = hlthunk_sim::library_path().expect("libhlthunk_sim.so is built with the tests");
     md_gaudi::open_devices(&sim)
         .expect("simulated devices")
         .remove(0)
@@ -34,6 +30,7 @@ fn needs_nic(e: &UctError) -> bool {
 
 #[test]
 fn host_only_transports_refuse_gaudi_memory() {
+    uct_builtins::link();
     let md = gaudi();
     let dev = md
         .alloc(64 << 10, MemoryType::Gaudi, Access::all_rights())

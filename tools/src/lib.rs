@@ -1,10 +1,6 @@
-//! Shared code of the uct-rs command-line tools.
+//! Shared code of the uct-rs command-line tools. Each binary links the
+//! built-in components with `uct_builtins::link()` at the top of `main`.
 
 pub mod info;
-pub mod text;
-
-// Built-in transports register themselves with the registry when linked.
-pub use md_gaudi;
-pub use tl_sm;
-pub use tl_tcp;
 pub mod perf;
+pub mod text;

@@ -111,7 +111,7 @@ fn no_server_is_a_timeout_that_names_the_address() {
 
 #[test]
 fn gaudi_memory_on_tcp_says_a_dmabuf_nic_is_needed() {
-    let sim = test_suite::modules::hlthunk_sim_path().expect("simulator built");
+    let sim = hlthunk_sim::library_path().expect("simulator built");
     let o = demo(&[
         "server",
         "-t",

@@ -269,7 +269,7 @@ fn staged_validation_goes_through_the_transport_and_catches_corruption() {
 
 #[test]
 fn gaudi_memory_with_the_simulator_on_tcp_is_still_refused() {
-    let sim = test_suite::modules::hlthunk_sim_path().expect("simulator built");
+    let sim = hlthunk_sim::library_path().expect("simulator built");
     let o = Command::new(env!("CARGO_BIN_EXE_perftest"))
         .args(["-t", "tcp", "-m", "gaudi"])
         .env_remove("UCT_TLS")

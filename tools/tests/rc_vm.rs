@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Arguments, Failed, Trial};
 
 fn sim() -> String {
-    test_suite::modules::hlthunk_sim_path()
+    hlthunk_sim::library_path()
         .expect("libhlthunk_sim.so is built with the tests")
         .display()
         .to_string()

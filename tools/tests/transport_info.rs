@@ -248,8 +248,7 @@ fn ib_module_without_libibverbs_is_listed_with_the_loader_reason() {
 
 #[test]
 fn simulated_gaudi_devices_are_listed_with_dram_size_and_dmabuf_export() {
-    let sim =
-        test_suite::modules::hlthunk_sim_path().expect("libhlthunk_sim.so is built with the tests");
+    let sim = hlthunk_sim::library_path().expect("libhlthunk_sim.so is built with the tests");
     let o = run(&["-d"], &[("UCT_GAUDI_HLTHUNK_LIB", sim.to_str().unwrap())]);
     assert!(o.status.success());
     let s = stdout(&o);

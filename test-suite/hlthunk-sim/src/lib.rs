@@ -18,10 +18,37 @@
 //! Settings (environment, read once): `HLTHUNK_SIM_DEVICES` (default 2),
 //! `HLTHUNK_SIM_DRAM_MB` per device (default 16384).
 
+//!
+//! Tests find the built library with [`library_path`]: a dev-dependency on
+//! this crate makes cargo build `libhlthunk_sim.so` beside the test
+//! binaries, and the rlib carries the function that finds it there.
+
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_int, CStr};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// `libhlthunk_sim.so` as cargo builds it for tests: beside the running
+/// test binary, in its `deps/` folder, or up to two folders above it.
+/// `None` when it is not built (the test crate lacks the dev-dependency
+/// on `hlthunk-sim`).
+pub fn library_path() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let mut dir = exe.parent()?.to_path_buf();
+    for _ in 0..3 {
+        for candidate in [
+            dir.join("libhlthunk_sim.so"),
+            dir.join("deps/libhlthunk_sim.so"),
+        ] {
+            if candidate.exists() {
+                return Some(candidate);
+            }
+        }
+        dir = dir.parent()?.to_path_buf();
+    }
+    None
+}
 
 /// `enum hlthunk_device_name` values.
 pub const HLTHUNK_DEVICE_GOYA: c_int = 0;

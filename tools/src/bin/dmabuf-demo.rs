@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use serde::{Deserialize, Serialize};
-use tools::perf::run::{check_pattern, pattern_into};
+use tools::perf::pattern::{check_pattern, pattern_into};
 use tools::perf::session::alloc;
 use tools::perf::stage::Stage;
 use uct_core::bootstrap::{BootstrapChannel, BootstrapListener};
@@ -572,6 +572,7 @@ fn phases(
 }
 
 fn main() {
+    uct_builtins::link();
     uct_core::logging::init();
     let cli = Cli::parse();
     let (name, opts) = match &cli.role {

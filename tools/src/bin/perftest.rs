@@ -12,8 +12,8 @@ use clap::Parser;
 use tools::perf::error::{PerfError, Result};
 use tools::perf::params::{parse_sizes, Format, Layout, Params, TestKind};
 use tools::perf::report::{self, Row};
-use tools::perf::run;
 use tools::perf::session::{open_iface, Role, Session};
+use tools::perf::{layout, run};
 use uct_core::bootstrap::{BootstrapChannel, BootstrapListener};
 use uct_core::Registry;
 
@@ -119,9 +119,9 @@ struct Args {
     stage_validation: bool,
 }
 
-fn params_from(a: &Args) -> Result<Params> {
+fn params_from(args: &Args) -> Result<Params> {
     let usage = PerfError::Usage;
-    let transport = a.transport.clone().ok_or_else(|| {
+    let transport = args.transport.clone().ok_or_else(|| {
         let mut names: Vec<String> = Registry::global()
             .resources()
             .into_iter()
@@ -133,44 +133,44 @@ fn params_from(a: &Args) -> Result<Params> {
             names.join(", ")
         ))
     })?;
-    let (mem_send, mem_recv) = match a.mem.split_once(',') {
+    let (mem_send, mem_recv) = match args.mem.split_once(',') {
         Some((s, r)) => (s.to_string(), r.to_string()),
-        None => (a.mem.clone(), a.mem.clone()),
+        None => (args.mem.clone(), args.mem.clone()),
     };
     for m in [&mem_send, &mem_recv] {
         uct_core::MemoryType::parse(m).map_err(|e| usage(e.to_string()))?;
     }
-    if !(0.0..=100.0).contains(&a.percentile) {
+    if !(0.0..=100.0).contains(&args.percentile) {
         return Err(usage(format!(
             "-R {} is not a percentile; use a number from 0 to 100",
-            a.percentile
+            args.percentile
         )));
     }
     Ok(Params {
         transport,
-        device: a.device.clone(),
+        device: args.device.clone(),
         mem_send,
         mem_recv,
-        test: TestKind::parse(&a.test).map_err(usage)?,
-        layout: a
+        test: TestKind::parse(&args.test).map_err(usage)?,
+        layout: args
             .layout
             .as_deref()
             .map(Layout::parse)
             .transpose()
             .map_err(usage)?,
-        sizes: parse_sizes(&a.sizes).map_err(usage)?,
-        iters: a.iters,
-        warmup: a.warmup,
-        outstanding: a.outstanding.max(1),
-        validate: a.validate,
-        stage_validation: a.stage_validation,
-        percentile: a.percentile,
-        inject_corruption: a.inject_corruption,
+        sizes: parse_sizes(&args.sizes).map_err(usage)?,
+        iters: args.iters,
+        warmup: args.warmup,
+        outstanding: args.outstanding.max(1),
+        validate: args.validate,
+        stage_validation: args.stage_validation,
+        percentile: args.percentile,
+        inject_corruption: args.inject_corruption,
     })
 }
 
-fn format_of(a: &Args) -> Result<Format> {
-    match a.format.as_str() {
+fn format_of(args: &Args) -> Result<Format> {
+    match args.format.as_str() {
         "table" => Ok(Format::Table),
         "csv" => Ok(Format::Csv),
         "json" => Ok(Format::Json),
@@ -183,33 +183,35 @@ fn format_of(a: &Args) -> Result<Format> {
 const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs every size on one side; the client prints as it goes.
-fn run_sizes(mut s: Session, out: Option<&Output>) -> Result<Vec<Row>> {
-    run::check_sizes(&s)?;
+fn run_sizes(mut session: Session, out: Option<&Output>) -> Result<Vec<Row>> {
+    layout::check_sizes(&session)?;
     let mut rows = Vec::new();
-    let sizes = s.params.sizes.clone();
-    for (k, &size) in sizes.iter().enumerate() {
-        let (iters, warmup) = (s.params.iters_for(size), s.params.warmup_for(size));
-        if let Some(o) = out {
-            o.progress(&format!(
+    let sizes = session.params.sizes.clone();
+    for (index, &size) in sizes.iter().enumerate() {
+        let params = &session.params;
+        let (iters, warmup) = (params.iters_for(size), params.warmup_for(size));
+        if let Some(out) = out {
+            out.progress(&format!(
                 "[{}/{}] {} {} bytes, {iters} iterations...",
-                k + 1,
+                index + 1,
                 sizes.len(),
-                s.params.test.name(),
+                params.test.name(),
                 size
             ));
         }
-        run::phase(&mut s, size, warmup)?;
-        if let Some(m) = run::phase(&mut s, size, iters)? {
-            let layout = run::layout_for(&s, size)?.name();
+        run::phase(&mut session, size, warmup)?;
+        if let Some(measurement) = run::phase(&mut session, size, iters)? {
+            let layout = layout::layout_for(&session, size)?.name();
+            let params = &session.params;
             let row = Row::new(
-                s.params.test,
-                &s.params.transport,
+                params.test,
+                &params.transport,
                 layout,
-                &m,
-                s.params.percentile,
+                &measurement,
+                params.percentile,
             );
-            if let Some(o) = out {
-                o.row(&row);
+            if let Some(out) = out {
+                out.row(&row);
             }
             rows.push(row);
         }
@@ -231,7 +233,7 @@ impl Output {
         }
     }
 
-    fn header(&self, p: &Params) {
+    fn header(&self, params: &Params) {
         if self.final_only {
             return;
         }
@@ -239,15 +241,16 @@ impl Output {
             Format::Table => {
                 println!(
                     "# perftest: {} over {}{}, memory {} -> {}{}",
-                    p.test.name(),
-                    p.transport,
-                    p.device
+                    params.test.name(),
+                    params.transport,
+                    params
+                        .device
                         .as_deref()
                         .map(|d| format!("/{d}"))
                         .unwrap_or_default(),
-                    p.mem_send,
-                    p.mem_recv,
-                    if p.validate {
+                    params.mem_send,
+                    params.mem_recv,
+                    if params.validate {
                         ", validating every byte"
                     } else {
                         ""
@@ -255,7 +258,7 @@ impl Output {
                 );
                 println!(
                     "{}",
-                    report::table_header(p.percentile, p.test.is_latency())
+                    report::table_header(params.percentile, params.test.is_latency())
                 );
             }
             Format::Csv => println!("{}", report::csv_header()),
@@ -263,13 +266,13 @@ impl Output {
         }
     }
 
-    fn row(&self, r: &Row) {
+    fn row(&self, row: &Row) {
         if self.tty && !self.final_only {
             eprint!("\r\x1b[2K");
         }
         match self.format {
-            Format::Table => println!("{}", report::table_row(r)),
-            Format::Csv => println!("{}", report::csv_row(r)),
+            Format::Table => println!("{}", report::table_row(row)),
+            Format::Csv => println!("{}", report::csv_row(row)),
             Format::Json => {}
         }
     }
@@ -277,58 +280,61 @@ impl Output {
     fn finish(&self, rows: &[Row]) {
         if self.format == Format::Json {
             match serde_json::to_string_pretty(rows) {
-                Ok(s) => println!("{s}"),
+                Ok(json) => println!("{json}"),
                 Err(e) => eprintln!("perftest: cannot encode JSON: {e}"),
             }
         }
     }
 }
 
-fn main_result(a: Args) -> Result<()> {
-    let params = params_from(&a)?;
+fn main_result(args: Args) -> Result<()> {
+    let params = params_from(&args)?;
     let out = Output {
-        format: format_of(&a)?,
-        final_only: a.final_only,
+        format: format_of(&args)?,
+        final_only: args.final_only,
         tty: std::io::stdout().is_terminal(),
     };
     let reg = Registry::global();
-    if a.listen {
-        if a.host.is_some() {
+    if args.listen {
+        if args.host.is_some() {
             return Err(PerfError::Usage(
                 "--listen takes no HOST; start the client with the server's address".into(),
             ));
         }
         // Refuse at once what this side cannot run.
         drop(open_iface(reg, &params)?);
-        let l = BootstrapListener::bind(("0.0.0.0", a.port), Duration::from_secs(24 * 3600))?;
+        let listener =
+            BootstrapListener::bind(("0.0.0.0", args.port), Duration::from_secs(24 * 3600))?;
         eprintln!(
             "perftest: waiting for a client on port {} ({} over {})",
-            a.port,
+            args.port,
             params.test.name(),
             params.transport
         );
-        let ch = l.accept()?;
-        let s = Session::open(reg, &params, ch, Role::Server)?;
-        run_sizes(s, None)?;
+        let ch = listener.accept()?;
+        let session = Session::open(reg, &params, ch, Role::Server)?;
+        run_sizes(session, None)?;
         return Ok(());
     }
     drop(open_iface(reg, &params)?);
-    let client_ch = match &a.host {
-        Some(host) => BootstrapChannel::connect((host.as_str(), a.port), BOOTSTRAP_TIMEOUT)?,
+    let client_ch = match &args.host {
+        Some(host) => BootstrapChannel::connect((host.as_str(), args.port), BOOTSTRAP_TIMEOUT)?,
         None => {
             // Loopback: a server thread in this process.
-            let l = BootstrapListener::bind("127.0.0.1:0", BOOTSTRAP_TIMEOUT)?;
-            let addr = l.local_addr()?;
-            let sp = params.clone();
+            let listener = BootstrapListener::bind("127.0.0.1:0", BOOTSTRAP_TIMEOUT)?;
+            let addr = listener.local_addr()?;
+            let server_params = params.clone();
             std::thread::Builder::new()
                 .name("perftest-server".into())
                 .spawn(move || {
-                    let r = l
+                    let served = listener
                         .accept()
                         .map_err(PerfError::from)
-                        .and_then(|ch| Session::open(Registry::global(), &sp, ch, Role::Server))
-                        .and_then(|s| run_sizes(s, None));
-                    if let Err(e) = r {
+                        .and_then(|ch| {
+                            Session::open(Registry::global(), &server_params, ch, Role::Server)
+                        })
+                        .and_then(|session| run_sizes(session, None));
+                    if let Err(e) = served {
                         log::debug!("perftest server thread: {e}");
                     }
                 })
@@ -336,16 +342,17 @@ fn main_result(a: Args) -> Result<()> {
             BootstrapChannel::connect(addr, BOOTSTRAP_TIMEOUT)?
         }
     };
-    let s = Session::open(reg, &params, client_ch, Role::Client)?;
+    let session = Session::open(reg, &params, client_ch, Role::Client)?;
     // A size the transport cannot carry is one error line, before any output.
-    run::check_sizes(&s)?;
-    out.header(&s.params);
-    let rows = run_sizes(s, Some(&out))?;
+    layout::check_sizes(&session)?;
+    out.header(&session.params);
+    let rows = run_sizes(session, Some(&out))?;
     out.finish(&rows);
     Ok(())
 }
 
 fn main() {
+    uct_builtins::link();
     uct_core::logging::init();
     let args = Args::parse();
     if let Err(e) = main_result(args) {

@@ -51,6 +51,7 @@ struct Args {
 }
 
 fn main() {
+    uct_builtins::link();
     uct_core::logging::init();
     let mut args = Args::parse();
     if args.full && !(args.config || args.all) {

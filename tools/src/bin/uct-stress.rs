@@ -5,8 +5,6 @@
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-// Links the built-in components (sm, tcp, gaudi) into this binary.
-use tools::{md_gaudi as _, tl_sm as _, tl_tcp as _};
 use uct_core::{
     Access, Completion, EpParams, IfaceParams, Iov, MemoryType, Registry, RkeyBundle, Status,
 };
@@ -225,6 +223,7 @@ fn endpoints(transport: &str, device: Option<&str>, count: usize) -> Result<Stri
 }
 
 fn main() {
+    uct_builtins::link();
     uct_core::logging::init();
     let r = match Cli::parse().cmd {
         Cmd::MemCycles {

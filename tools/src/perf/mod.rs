@@ -4,8 +4,11 @@
 
 pub mod clock;
 pub mod error;
+pub mod layout;
 pub mod params;
+pub mod pattern;
 pub mod report;
 pub mod run;
 pub mod session;
 pub mod stage;
+mod transfer;

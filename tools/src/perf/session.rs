@@ -303,7 +303,7 @@ impl Session {
                     st.count.store(n + 1, Ordering::Release);
                     if st.validate.load(Ordering::Relaxed) {
                         let size = st.size.load(Ordering::Relaxed) as usize;
-                        if let Some(why) = super::run::check_pattern(m.data, size, n) {
+                        if let Some(why) = super::pattern::check_pattern(m.data, size, n) {
                             st.first_bad
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())

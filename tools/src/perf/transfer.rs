@@ -1,0 +1,248 @@
+//! The session's buffers and operations as the measurement loops use them:
+//! bytes of the send and receive buffers (directly, or through staging for
+//! memory the CPU cannot touch), progress until something holds, and
+//! posting a put, get or active message until the transport accepts it.
+
+use std::time::{Duration, Instant};
+
+use uct_core::{Completion, Endpoint, Iov, MemHandle, Status};
+
+use super::error::{PerfError, Result};
+use super::params::{Layout, Op};
+use super::pattern::pattern_into;
+use super::session::{Session, AM_ID};
+
+/// One of the session's two buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Buffer {
+    /// What this side sends (and where gets land).
+    Send,
+    /// What the peer writes into.
+    Recv,
+}
+
+impl Buffer {
+    fn handle(self, session: &Session) -> MemHandle {
+        match self {
+            Buffer::Send => session.send.clone(),
+            Buffer::Recv => session.recv.clone(),
+        }
+    }
+}
+
+/// The 8 bytes at `offset` of the receive buffer, little-endian; 0 when the
+/// buffer is not host memory.
+pub(super) fn read_recv_u64(session: &Session, offset: usize) -> u64 {
+    match session.recv.host_ptr(offset, 8) {
+        // SAFETY: host_ptr checked that these 8 bytes lie inside the live
+        // host memory of the receive buffer, which the session owns; the
+        // peer may write it at any time, hence the volatile read; read as
+        // bytes, so alignment does not matter.
+        Ok(ptr) => u64::from_le_bytes(unsafe { std::ptr::read_volatile(ptr as *const [u8; 8]) }),
+        Err(_) => 0,
+    }
+}
+
+/// The first `len` bytes of a session buffer, when it is host memory.
+pub(super) fn host_bytes(mem: &MemHandle, len: usize) -> &[u8] {
+    match mem.host_ptr(0, len) {
+        // SAFETY: host_ptr checked that `len` bytes from the start lie
+        // inside the handle's live host memory, which lives as long as the
+        // borrowed handle; the peer may write it, as with any RDMA buffer.
+        Ok(ptr) => unsafe { std::slice::from_raw_parts(ptr, len) },
+        Err(_) => &[],
+    }
+}
+
+/// Runs `f` on the first `len` bytes of a session buffer (on nothing when
+/// it is not host memory).
+pub(super) fn with_host_bytes_mut<R>(
+    mem: &MemHandle,
+    len: usize,
+    f: impl FnOnce(&mut [u8]) -> R,
+) -> R {
+    match mem.host_ptr(0, len) {
+        // SAFETY: host_ptr checked that `len` bytes from the start lie
+        // inside the handle's live host memory; only this thread writes
+        // it, and the slice lives only during `f`.
+        Ok(ptr) => f(unsafe { std::slice::from_raw_parts_mut(ptr, len) }),
+        Err(_) => f(&mut []),
+    }
+}
+
+/// Progresses until `done`, failing after a generous bound.
+pub(super) fn spin(
+    session: &mut Session,
+    what: &str,
+    mut done: impl FnMut(&Session) -> bool,
+) -> Result<()> {
+    let mut polls = 0u32;
+    let mut waiting_since: Option<Instant> = None;
+    while !done(session) {
+        session.iface.progress();
+        polls = polls.wrapping_add(1);
+        if polls.is_multiple_of(4096) {
+            let start = *waiting_since.get_or_insert_with(Instant::now);
+            if start.elapsed() > Duration::from_secs(60) {
+                return Err(PerfError::Protocol(format!(
+                    "no progress for 60 s waiting for {what}; is the peer alive?"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Posts with `op` until it is accepted.
+pub(super) fn post(
+    session: &mut Session,
+    mut op: impl FnMut(&mut dyn Endpoint) -> uct_core::Result<Status>,
+) -> Result<Status> {
+    loop {
+        match op(session.ep.as_mut())? {
+            Status::NoResource => {
+                session.iface.progress();
+            }
+            status => return Ok(status),
+        }
+    }
+}
+
+/// Progresses until `comp` fires; its error, if any.
+pub(super) fn wait(session: &mut Session, comp: &Completion, what: &str) -> Result<()> {
+    let fired = comp.clone();
+    spin(session, what, |_| fired.is_complete())?;
+    comp.result().map_err(PerfError::from)
+}
+
+/// Flushes the endpoint and waits for the flush.
+pub(super) fn flush(session: &mut Session) -> Result<()> {
+    let comp = Completion::new();
+    if post(session, |ep| ep.flush(Some(&comp)))? == Status::InProgress {
+        wait(session, &comp, "flush")?;
+    }
+    Ok(())
+}
+
+/// One put or AM of `size` bytes with `layout`, from the send buffer to the
+/// peer's receive buffer. Done or InProgress (the completion, if given,
+/// fires later).
+pub(super) fn post_data(
+    session: &mut Session,
+    layout: Layout,
+    size: usize,
+    comp: Option<&Completion>,
+) -> Result<()> {
+    let test = session.params.test;
+    // Borrow the fields apart: no handle clones on the hot path.
+    let Session {
+        ep,
+        iface,
+        send,
+        peer_rkey: rkey,
+        peer_addr: addr,
+        ..
+    } = session;
+    let addr = *addr;
+    let data = host_bytes(send, size);
+    loop {
+        let status = match (test.op(), layout) {
+            (Op::Put, Layout::Short) => ep.put_short(data, addr, rkey),
+            (Op::Put, Layout::Bcopy) => ep.put_bcopy(data, addr, rkey),
+            (Op::Put, Layout::Zcopy) => ep.put_zcopy(&[Iov::new(send, 0, size)], addr, rkey, comp),
+            // The first 8 bytes travel as the header.
+            (Op::Am, Layout::Short) => {
+                let mut header = [0u8; 8];
+                header[..size.min(8)].copy_from_slice(&data[..size.min(8)]);
+                ep.am_short(AM_ID, u64::from_le_bytes(header), &data[8.min(size)..])
+            }
+            (Op::Am, Layout::Bcopy) => ep.am_bcopy(AM_ID, data),
+            (Op::Am, Layout::Zcopy) => ep.am_zcopy(AM_ID, &[], &[Iov::new(send, 0, size)], comp),
+            _ => {
+                return Err(PerfError::Protocol(
+                    "post_data is for puts and active messages".into(),
+                ))
+            }
+        }?;
+        if status != Status::NoResource {
+            return Ok(());
+        }
+        iface.progress();
+    }
+}
+
+/// One get of `size` bytes into the send buffer.
+pub(super) fn post_get(
+    session: &mut Session,
+    layout: Layout,
+    size: usize,
+    comp: &Completion,
+) -> Result<Status> {
+    let addr = session.peer_addr;
+    let send = session.send.clone();
+    loop {
+        let rkey = &session.peer_rkey;
+        let status = match layout {
+            Layout::Short => {
+                let ep = session.ep.as_mut();
+                with_host_bytes_mut(&send, size, |bytes| ep.get_short(bytes, addr, rkey))
+            }
+            Layout::Bcopy => session.ep.get_bcopy(size, addr, rkey, comp),
+            Layout::Zcopy => {
+                session
+                    .ep
+                    .get_zcopy(&[Iov::new(&send, 0, size)], addr, rkey, Some(comp))
+            }
+        }?;
+        if status != Status::NoResource {
+            return Ok(status);
+        }
+        session.iface.progress();
+    }
+}
+
+/// Whether validation reaches `mem` through the staging endpoint.
+pub(super) fn is_staged(session: &Session, mem: &MemHandle) -> bool {
+    session.stage.is_some()
+        && (session.params.stage_validation || !mem.mem_type().is_host_accessible())
+}
+
+/// The first `len` bytes of a session buffer, for validation.
+pub(super) fn read_buffer(session: &mut Session, which: Buffer, len: usize) -> Result<Vec<u8>> {
+    let mem = which.handle(session);
+    if is_staged(session, &mem) {
+        if let Some(stage) = session.stage.as_mut() {
+            return stage.read(session.iface.as_mut(), &mem, len);
+        }
+    }
+    Ok(host_bytes(&mem, len).to_vec())
+}
+
+/// Writes the first `len` bytes of a session buffer with `f`.
+pub(super) fn write_buffer(
+    session: &mut Session,
+    which: Buffer,
+    len: usize,
+    f: impl FnOnce(&mut [u8]),
+) -> Result<()> {
+    let mem = which.handle(session);
+    if is_staged(session, &mem) {
+        if let Some(stage) = session.stage.as_mut() {
+            return stage.write(session.iface.as_mut(), &mem, len, f);
+        }
+    }
+    with_host_bytes_mut(&mem, len, f);
+    Ok(())
+}
+
+/// Fills the send buffer for iteration `iter` (validation only).
+pub(super) fn fill_send(session: &mut Session, size: usize, iter: u64) -> Result<()> {
+    let corrupt = session.params.inject_corruption == Some(iter);
+    write_buffer(session, Buffer::Send, size, |bytes| {
+        pattern_into(bytes, iter);
+        if corrupt && !bytes.is_empty() {
+            // Testing aid: this transfer is corrupted on purpose.
+            bytes[size / 2] ^= 0x5a;
+        }
+    })
+}
