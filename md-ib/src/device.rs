@@ -7,7 +7,8 @@ use std::sync::Arc;
 use rdma_sys::*;
 use uct_core::UctError;
 
-use crate::verbs::{last_error, Context};
+use crate::error::VerbsError;
+use crate::verbs::Context;
 
 /// One GID table entry in use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,18 +89,22 @@ fn pci_address(dev: &str) -> Option<String> {
 
 impl DeviceInfo {
     /// Queries an open device.
-    pub fn query(ctx: &Arc<Context>) -> Result<DeviceInfo, UctError> {
-        // SAFETY: zeroed is a valid value for this plain struct.
+    pub fn query(ctx: &Arc<Context>) -> Result<DeviceInfo, VerbsError> {
+        // SAFETY: ibv_device_attr is plain C data (integers and arrays of
+        // them): all zeroes is a valid value.
         let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: a live context and a struct to fill.
-        if unsafe { ibv_query_device(ctx.as_ptr(), &mut attr) } != 0 {
-            return Err(last_error("ibv_query_device"));
+        // SAFETY: `ctx` is open (the Arc keeps it so) and `attr` is a
+        // writable struct of the type the call fills.
+        let r = unsafe { ibv_query_device(ctx.as_ptr(), &mut attr) };
+        if r != 0 {
+            return Err(VerbsError::new("ibv_query_device", r).on(ctx.name()));
         }
         let mut ports = Vec::new();
         for num in 1..=attr.phys_port_cnt {
-            // SAFETY: zeroed is valid; the exported ibv_query_port fills the
-            // compat prefix of the (larger) struct.
+            // SAFETY: ibv_port_attr is plain C data: all zeroes is valid.
             let mut pa: ibv_port_attr = unsafe { std::mem::zeroed() };
+            // SAFETY: `ctx` is open; the exported ibv_query_port fills the
+            // compat prefix of the (larger) struct, which `pa` contains.
             let r = unsafe {
                 ibv_query_port(
                     ctx.as_ptr(),
@@ -108,20 +113,25 @@ impl DeviceInfo {
                 )
             };
             if r != 0 {
-                return Err(last_error(&format!(
-                    "ibv_query_port({}, {num})",
-                    ctx.name()
-                )));
+                return Err(
+                    VerbsError::new(format!("ibv_query_port({}, {num})", ctx.name()), r)
+                        .on(ctx.name()),
+                );
             }
             let mut gids = Vec::new();
             for index in 0..pa.gid_tbl_len.max(0) as u32 {
-                // SAFETY: zeroed is a valid GID; the call fills it.
-                let mut g: ibv_gid = unsafe { std::mem::zeroed() };
-                if unsafe { ibv_query_gid(ctx.as_ptr(), num, index as i32, &mut g) } != 0 {
+                // SAFETY: ibv_gid is a union of byte and integer arrays:
+                // all zeroes is valid.
+                let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
+                // SAFETY: `ctx` is open, `num` is one of its ports and
+                // `index` is below the port's GID table length; `gid` is a
+                // writable GID.
+                if unsafe { ibv_query_gid(ctx.as_ptr(), num, index as i32, &mut gid) } != 0 {
                     continue;
                 }
-                // SAFETY: every bit pattern is a valid byte array.
-                let raw = unsafe { g.raw };
+                // SAFETY: every field of the union is plain bytes, so any
+                // bit pattern is a valid `raw`.
+                let raw = unsafe { gid.raw };
                 if raw.iter().all(|&b| b == 0) {
                     continue;
                 }

@@ -4,8 +4,10 @@
 //! used only inside the loadable `ib` module (built by tl-rc).
 
 pub mod device;
+pub mod error;
 pub mod md;
 pub mod verbs;
 
 pub use device::{DeviceInfo, GidEntry, PortInfo};
+pub use error::{QpState, VerbsError};
 pub use md::{IbBacking, IbMd, IbRkey, DMABUF_NICS};

@@ -17,7 +17,7 @@ use uct_core::{
 };
 
 use crate::device::DeviceInfo;
-use crate::verbs::{errno_error, Context, Mr, Pd};
+use crate::verbs::{Context, Mr, Pd};
 
 /// NICs whose drivers register DMA-bufs.
 pub const DMABUF_NICS: &str = "mlx5, efa, irdma, bnxt_re";
@@ -66,9 +66,11 @@ pub struct IbBacking {
 }
 
 impl IbBacking {
+    /// The local key of the registration.
     pub fn lkey(&self) -> u32 {
         self.mr.lkey()
     }
+    /// The remote key of the registration.
     pub fn rkey(&self) -> u32 {
         self.mr.rkey()
     }
@@ -106,7 +108,8 @@ fn verbs_access(a: Access) -> i32 {
 /// Asks the device whether it registers DMA-bufs: with fd -1, EBADF means
 /// the driver would try (supported), EOPNOTSUPP that it cannot.
 fn probe_dmabuf(pd: &Pd) -> bool {
-    // SAFETY: an invalid fd only makes the call fail; nothing is registered.
+    // SAFETY: `pd` is a live PD (the caller holds it); with fd -1 the
+    // driver cannot reach any memory, so the call only fails.
     let p = unsafe {
         ibv_reg_dmabuf_mr(
             pd.as_ptr(),
@@ -118,7 +121,8 @@ fn probe_dmabuf(pd: &Pd) -> bool {
         )
     };
     if !p.is_null() {
-        // SAFETY: unexpectedly registered: undo it.
+        // SAFETY: `p` is an MR the call above just registered and nobody
+        // else has seen: deregistered once, here.
         unsafe { ibv_dereg_mr(p) };
         return true;
     }
@@ -129,7 +133,7 @@ impl IbMd {
     /// Opens device `name` as a memory domain.
     pub fn open(component: &'static str, name: &str) -> Result<IbMd> {
         let ctx = Context::open(name)?;
-        let info = DeviceInfo::query(&ctx)?;
+        let info = DeviceInfo::query(&ctx).map_err(|e| e.on(name))?;
         let pd = Pd::new(&ctx)?;
         let dmabuf = probe_dmabuf(&pd);
         log::debug!(
@@ -144,14 +148,17 @@ impl IbMd {
         })
     }
 
+    /// What the device offers.
     pub fn info(&self) -> &DeviceInfo {
         &self.info
     }
 
+    /// The protection domain every registration of this MD uses.
     pub fn pd(&self) -> &Arc<Pd> {
         &self.pd
     }
 
+    /// Whether the device's driver registers DMA-bufs.
     pub fn supports_dmabuf(&self) -> bool {
         self.dmabuf
     }
@@ -387,7 +394,8 @@ impl IbMd {
     /// # Safety
     /// `addr..addr+len` must stay valid host memory while the MR lives.
     unsafe fn reg_host(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
-        // SAFETY: the caller's contract.
+        // SAFETY: the PD is live (self holds it) and the caller promises
+        // that the memory stays valid while the MR lives.
         let p = unsafe {
             ibv_reg_mr(
                 self.pd.as_ptr(),
@@ -396,11 +404,16 @@ impl IbMd {
                 verbs_access(access),
             )
         };
-        Mr::from_raw(
-            p,
-            &self.pd,
-            &format!("ibv_reg_mr of {len} bytes on {}", self.info.name),
-        )
+        // SAFETY: `p` is null or an MR just registered on self.pd that
+        // nothing else owns.
+        let mr = unsafe {
+            Mr::from_raw(
+                p,
+                &self.pd,
+                format!("ibv_reg_mr of {len} bytes on {}", self.info.name),
+            )
+        };
+        Ok(mr?)
     }
 
     /// The one message for device memory on a NIC without DMA-buf import.
@@ -430,8 +443,9 @@ impl IbMd {
                 ),
             });
         }
-        // SAFETY: a borrowed fd valid for the call; the driver takes its own
-        // reference on the DMA-buf.
+        // SAFETY: the PD is live (self holds it) and the fd is borrowed, so
+        // open, for the call; the driver takes its own reference on the
+        // DMA-buf, so the MR does not depend on our fd.
         let p = unsafe {
             ibv_reg_dmabuf_mr(
                 self.pd.as_ptr(),
@@ -442,32 +456,13 @@ impl IbMd {
                 verbs_access(access),
             )
         };
-        if p.is_null() {
-            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-            if errno == libc::EPERM {
-                return Err(UctError::Device {
-                    device: self.info.name.clone(),
-                    message: format!(
-                        "ibv_reg_dmabuf_mr(fd {}, {len} bytes) was refused with EPERM: the NIC could not attach the DMA-buf, which happens when PCIe peer-to-peer between the NIC and the device is not allowed; disable ACS on the PCIe switches between them, or use a NIC and device under the same switch",
-                        fd.as_raw_fd()
-                    ),
-                    source: Some(std::io::Error::from_raw_os_error(errno).into()),
-                });
-            }
-            if errno == libc::EOPNOTSUPP {
-                return Err(UctError::Unsupported {
-                    transport: self.info.name.clone(),
-                    operation: format!("registering DMA-buf memory: this NIC cannot import DMA-buf; use a NIC that can: {DMABUF_NICS}"),
-                });
-            }
-            return Err(errno_error(
-                &format!(
-                    "ibv_reg_dmabuf_mr(fd {}, offset {offset}, {len} bytes, iova {iova:#x})",
-                    fd.as_raw_fd()
-                ),
-                errno,
-            ));
-        }
-        Mr::from_raw(p, &self.pd, "ibv_reg_dmabuf_mr")
+        let call = format!(
+            "ibv_reg_dmabuf_mr(fd {}, offset {offset}, {len} bytes, iova {iova:#x})",
+            fd.as_raw_fd()
+        );
+        // SAFETY: `p` is null or an MR just registered on self.pd that
+        // nothing else owns.
+        let mr = unsafe { Mr::from_raw(p, &self.pd, call) };
+        Ok(mr?)
     }
 }

@@ -8,32 +8,7 @@ use std::sync::Arc;
 use rdma_sys::*;
 use uct_core::UctError;
 
-/// The errno of the last failed call, as a named error.
-pub fn last_error(what: &str) -> UctError {
-    errno_error(
-        what,
-        std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
-    )
-}
-
-/// A verbs errno, as an error that says what failed and what to do.
-pub fn errno_error(what: &str, errno: i32) -> UctError {
-    let e = std::io::Error::from_raw_os_error(errno);
-    let hint = match errno {
-        libc::ENOMEM => "; raise the locked-memory limit (ulimit -l unlimited) or register less",
-        libc::EPERM | libc::EACCES => {
-            "; check the device permissions (/dev/infiniband) and the locked-memory limit"
-        }
-        libc::EOPNOTSUPP => "; the device does not support this",
-        libc::EINVAL => "; a parameter is outside what the device accepts",
-        _ => "",
-    };
-    UctError::Device {
-        device: "verbs".into(),
-        message: format!("{what}: {e}{hint}"),
-        source: Some(e.into()),
-    }
-}
+use crate::error::VerbsError;
 
 /// An open device.
 pub struct Context {
@@ -41,34 +16,39 @@ pub struct Context {
     name: String,
 }
 
-// SAFETY: verbs contexts are thread-safe (rdma-core locks internally).
+// SAFETY: an ibv_context is not tied to the thread that opened it: any
+// thread may use it and close it.
 unsafe impl Send for Context {}
-// SAFETY: as for Send.
+// SAFETY: the verbs calls made through `&Context` (query, create CQ/PD)
+// are thread-safe by the libibverbs API: rdma-core serialises them with
+// the context's own locks.
 unsafe impl Sync for Context {}
 
 impl Context {
     /// Opens device `name`.
     pub fn open(name: &str) -> Result<Arc<Context>, UctError> {
         let mut n = 0;
-        // SAFETY: fills n; the list is freed below.
+        // SAFETY: `n` is a valid out-pointer; the list is freed below.
         let list = unsafe { ibv_get_device_list(&mut n) };
         if list.is_null() {
-            return Err(last_error("ibv_get_device_list"));
+            return Err(VerbsError::last("ibv_get_device_list").into());
         }
         let mut found = None;
         for i in 0..n.max(0) as usize {
-            // SAFETY: i < n entries of a valid list.
+            // SAFETY: the list is non-null and holds `n` entries; i < n.
             let dev = unsafe { *list.add(i) };
-            // SAFETY: dev is a device of the list; the name is a C string.
+            // SAFETY: dev is an entry of the list, which is not freed yet;
+            // ibv_get_device_name returns a NUL-terminated string it owns.
             let dname = unsafe { CStr::from_ptr(ibv_get_device_name(dev)) }.to_string_lossy();
             if dname == name {
-                // SAFETY: dev is valid while the list is.
+                // SAFETY: dev is an entry of the list, which is not freed
+                // yet (an opened context outlives the list).
                 found = Some(unsafe { ibv_open_device(dev) });
                 break;
             }
         }
-        // SAFETY: frees the list from ibv_get_device_list once; opened
-        // contexts stay valid.
+        // SAFETY: the list came from ibv_get_device_list and is freed once;
+        // an opened context stays valid without it.
         unsafe { ibv_free_device_list(list) };
         match found {
             None => Err(UctError::NoDevice(format!("RDMA device {name}"))),
@@ -79,35 +59,40 @@ impl Context {
                         name: name.to_string(),
                     })
                 })
-                .ok_or_else(|| last_error(&format!("ibv_open_device({name})"))),
+                .ok_or_else(|| VerbsError::last(format!("ibv_open_device({name})")).into()),
         }
     }
 
     /// Names of the devices present.
     pub fn device_names() -> Vec<String> {
         let mut n = 0;
-        // SAFETY: as in open.
+        // SAFETY: `n` is a valid out-pointer; the list is freed below.
         let list = unsafe { ibv_get_device_list(&mut n) };
         if list.is_null() {
             return Vec::new();
         }
         let names = (0..n.max(0) as usize)
             .map(|i| {
-                // SAFETY: i < n entries; names are C strings.
+                // SAFETY: the list is non-null with `n` entries and i < n; the
+                // name is a NUL-terminated string owned by the list, copied
+                // before the list is freed.
                 unsafe { CStr::from_ptr(ibv_get_device_name(*list.add(i))) }
                     .to_string_lossy()
                     .into_owned()
             })
             .collect();
-        // SAFETY: frees the list once.
+        // SAFETY: the list came from ibv_get_device_list and is freed
+        // once; nothing borrowed from it is kept.
         unsafe { ibv_free_device_list(list) };
         names
     }
 
+    /// The raw context, valid while this `Context` lives.
     pub fn as_ptr(&self) -> *mut ibv_context {
         self.ptr.as_ptr()
     }
 
+    /// The device's name (`mlx5_0`, `rxe0`, ...).
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -115,8 +100,9 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // SAFETY: the context was opened by us and every child holds an
-        // Arc to it, so none is alive now.
+        // SAFETY: the context was opened in `open` and is closed only here;
+        // every child object (PD, CQ, ...) holds an Arc to it, so none is
+        // alive now.
         unsafe { ibv_close_device(self.ptr.as_ptr()) };
     }
 }
@@ -127,14 +113,16 @@ pub struct Pd {
     ctx: Arc<Context>,
 }
 
-// SAFETY: verbs objects are thread-safe.
+// SAFETY: a PD is not tied to the thread that allocated it.
 unsafe impl Send for Pd {}
-// SAFETY: as for Send.
+// SAFETY: through `&Pd` the PD is only passed to verbs calls (register,
+// create QP), which libibverbs makes thread-safe; it is never written.
 unsafe impl Sync for Pd {}
 
 impl Pd {
-    pub fn new(ctx: &Arc<Context>) -> Result<Arc<Pd>, UctError> {
-        // SAFETY: a live context.
+    /// Allocates a protection domain on `ctx`.
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<Pd>, VerbsError> {
+        // SAFETY: `ctx` is an open context, kept open by the Arc.
         let p = unsafe { ibv_alloc_pd(ctx.as_ptr()) };
         NonNull::new(p)
             .map(|ptr| {
@@ -143,13 +131,15 @@ impl Pd {
                     ctx: ctx.clone(),
                 })
             })
-            .ok_or_else(|| last_error("ibv_alloc_pd"))
+            .ok_or_else(|| VerbsError::last("ibv_alloc_pd").on(ctx.name()))
     }
 
+    /// The raw PD, valid while this `Pd` lives.
     pub fn as_ptr(&self) -> *mut ibv_pd {
         self.ptr.as_ptr()
     }
 
+    /// The context the PD belongs to.
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
     }
@@ -157,7 +147,8 @@ impl Pd {
 
 impl Drop for Pd {
     fn drop(&mut self) {
-        // SAFETY: every MR and QP of this PD holds an Arc to it.
+        // SAFETY: allocated in `new`, deallocated only here; every MR and QP
+        // of this PD holds an Arc to it, so none is alive now.
         unsafe { ibv_dealloc_pd(self.ptr.as_ptr()) };
     }
 }
@@ -168,37 +159,52 @@ pub struct Mr {
     _pd: Arc<Pd>,
 }
 
-// SAFETY: verbs objects are thread-safe; the MR's fields are read only.
+// SAFETY: an MR is not tied to the thread that registered it.
 unsafe impl Send for Mr {}
-// SAFETY: as for Send.
+// SAFETY: through `&Mr` only the MR's keys are read; verbs never writes
+// them after registration.
 unsafe impl Sync for Mr {}
 
 impl Mr {
-    /// Wraps a region returned by a registration call.
-    pub fn from_raw(p: *mut ibv_mr, pd: &Arc<Pd>, what: &str) -> Result<Mr, UctError> {
-        NonNull::new(p)
-            .map(|ptr| Mr {
+    /// Wraps a region returned by a registration call on `pd`; a null
+    /// pointer is the error `call` failed with (the thread's errno).
+    ///
+    /// # Safety
+    /// `p` is null or an MR registered on `pd` and owned by nobody else:
+    /// the `Mr` deregisters it when dropped.
+    pub unsafe fn from_raw(
+        p: *mut ibv_mr,
+        pd: &Arc<Pd>,
+        call: impl Into<String>,
+    ) -> Result<Mr, VerbsError> {
+        match NonNull::new(p) {
+            Some(ptr) => Ok(Mr {
                 ptr,
                 _pd: pd.clone(),
-            })
-            .ok_or_else(|| last_error(what))
+            }),
+            None => Err(VerbsError::last(call).on(pd.context().name())),
+        }
     }
 
+    /// The local key, for work requests.
     pub fn lkey(&self) -> u32 {
-        // SAFETY: a live MR.
+        // SAFETY: `ptr` is the MR registered when this Mr was made and
+        // deregistered only in Drop, so it is valid while `self` is.
         unsafe { (*self.ptr.as_ptr()).lkey }
     }
 
+    /// The remote key, for peers.
     pub fn rkey(&self) -> u32 {
-        // SAFETY: a live MR.
+        // SAFETY: as in `lkey`.
         unsafe { (*self.ptr.as_ptr()).rkey }
     }
 }
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        // SAFETY: registered by us, deregistered once. An error leaves the
-        // MR registered; there is nothing better to do in Drop.
+        // SAFETY: `from_raw` made this Mr the MR's only owner, so it is
+        // deregistered once, here. An error leaves the MR registered;
+        // there is nothing better to do in Drop.
         let r = unsafe { ibv_dereg_mr(self.ptr.as_ptr()) };
         if r != 0 {
             log::warn!(

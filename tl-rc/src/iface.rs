@@ -5,23 +5,16 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use md_ib::{GidEntry, IbMd, PortInfo};
-use rdma_sys::ibv_mtu;
+use uct_core::iface::AmHandlers;
 use uct_core::{
-    AmHandler, AmMessage, Caps, Endpoint, EpParams, Iface, IfaceAttrs, MemoryDomain, MemoryType,
-    Result, SizeLimits, UctError,
+    AmHandler, Caps, Endpoint, EpParams, Iface, IfaceAttrs, MemoryDomain, MemoryType, Result,
+    SizeLimits, UctError,
 };
 
-use crate::ep::{EpInner, Local, RcEp, MAX_IOV, SEG};
-
-const AM_IDS: usize = uct_core::iface::AM_ID_MAX;
-
-/// Queue settings of an iface.
-#[derive(Debug, Clone, Copy)]
-pub struct Queues {
-    pub tx: u32,
-    pub rx: u32,
-    pub peer_timeout: std::time::Duration,
-}
+use crate::conn::{Connection, Queues, MAX_IOV, SEG};
+use crate::ep::{RcEp, MAX_AM_HEADER};
+use crate::qp::LocalPath;
+use crate::wire::{self, DeviceAddress};
 
 /// An rc iface.
 pub struct RcIface {
@@ -31,24 +24,14 @@ pub struct RcIface {
     port: PortInfo,
     gid: GidEntry,
     attrs: IfaceAttrs,
-    handlers: Vec<Option<AmHandler>>,
-    eps: Vec<Weak<Mutex<EpInner>>>,
+    handlers: AmHandlers,
+    /// The endpoints' connections, polled by `progress`.
+    conns: Vec<Weak<Mutex<Connection>>>,
     queues: Queues,
+    /// Reused lists: active messages to deliver (id, receive segment,
+    /// length), and the connections of one `progress`.
     ams: Vec<(u8, usize, usize)>,
-    scratch: Vec<Arc<Mutex<EpInner>>>,
-}
-
-/// GID (16 bytes), LID (2, little-endian), MTU enum (1).
-pub(crate) fn parse_device_address(a: &[u8]) -> Option<([u8; 16], u16, ibv_mtu::Type)> {
-    if a.len() != 19 {
-        return None;
-    }
-    let gid: [u8; 16] = a[..16].try_into().ok()?;
-    let lid = u16::from_le_bytes([a[16], a[17]]);
-    let mtu = a[18] as ibv_mtu::Type;
-    (ibv_mtu::IBV_MTU_256..=ibv_mtu::IBV_MTU_4096)
-        .contains(&mtu)
-        .then_some((gid, lid, mtu))
+    scratch: Vec<Arc<Mutex<Connection>>>,
 }
 
 impl RcIface {
@@ -83,7 +66,8 @@ impl RcIface {
         // What the NIC inlines, learned from a throwaway QP.
         let max_short = {
             let cq = crate::qp::Cq::new(ib.pd().context(), 4)?;
-            crate::qp::Qp::new(ib.pd(), &cq, port_num, 4, 4, 1)?.max_inline as usize
+            let probe = crate::qp::Qp::new(ib.pd(), &cq, port_num, 4, 4, 1)?;
+            probe.max_inline as usize
         };
         let max_iov = (info.max_sge as usize).clamp(1, MAX_IOV);
         let mut caps = Caps::PUT_BCOPY
@@ -128,24 +112,25 @@ impl RcIface {
                 max_zcopy: SEG,
                 max_iov: max_iov - 1,
             },
-            max_am_header: 128,
+            max_am_header: MAX_AM_HEADER,
             mem_types,
             latency_ns: 1500.0,
             bandwidth_bps: 12.5e9,
             overhead_ns: 50.0,
-            iface_addr_len: 0,
-            device_addr_len: 19,
-            ep_addr_len: 8,
+            iface_addr_len: wire::IFACE_ADDRESS_LEN,
+            device_addr_len: wire::DEVICE_ADDRESS_LEN,
+            ep_addr_len: wire::EP_ADDRESS_LEN,
         };
+        let dev = format!("{}:{port_num}", info.name);
         Ok(RcIface {
             md,
-            dev: format!("{}:{port_num}", info.name),
+            handlers: AmHandlers::new(format!("rc {dev}")),
+            dev,
             ib,
             port,
             gid,
             attrs,
-            handlers: (0..AM_IDS).map(|_| None).collect(),
-            eps: Vec::new(),
+            conns: Vec::new(),
             queues,
             ams: Vec::new(),
             scratch: Vec::new(),
@@ -171,18 +156,20 @@ impl Iface for RcIface {
     }
 
     fn device_address(&self) -> Vec<u8> {
-        let mut a = self.gid.gid.to_vec();
-        a.extend_from_slice(&self.port.lid.to_le_bytes());
-        a.push(self.port.mtu as u8);
-        a
+        DeviceAddress {
+            gid: self.gid.gid,
+            lid: self.port.lid,
+            mtu: self.port.mtu as u8,
+        }
+        .encode()
     }
 
     fn iface_address(&self) -> Vec<u8> {
         Vec::new()
     }
 
-    fn is_reachable(&self, device_addr: &[u8], _iface_addr: &[u8]) -> bool {
-        parse_device_address(device_addr).is_some()
+    fn is_reachable(&self, device_addr: &[u8], iface_addr: &[u8]) -> bool {
+        DeviceAddress::decode(device_addr).is_ok() && wire::decode_iface_address(iface_addr).is_ok()
     }
 
     fn create_ep(&mut self, params: EpParams) -> Result<Box<dyn Endpoint>> {
@@ -191,80 +178,70 @@ impl Iface for RcIface {
                 "rc connects endpoint to endpoint: create with EpParams::Unconnected, swap ep_address() with the peer, then connect_to_ep".into(),
             ));
         }
-        let inner = Arc::new(Mutex::new(EpInner::new(
+        let conn = Arc::new(Mutex::new(Connection::new(
             &self.ib,
             self.port.num,
             &self.dev,
-            self.queues.tx,
-            self.queues.rx,
-            self.queues.peer_timeout,
+            self.queues,
         )?));
-        self.eps.retain(|w| w.strong_count() > 0);
-        self.eps.push(Arc::downgrade(&inner));
-        let local = Local {
+        self.conns.retain(|w| w.strong_count() > 0);
+        self.conns.push(Arc::downgrade(&conn));
+        let local = LocalPath {
             port: self.port.num,
             gid_index: self.gid.index,
             ethernet: self.port.ethernet,
             mtu: self.port.mtu,
             rd_atomic: self.ib.info().max_rd_atomic.clamp(1, 16) as u8,
-            max_short: self.attrs.put.max_short,
         };
-        Ok(Box::new(RcEp::new(inner, self.ib.clone(), local)))
+        let max_short = self.attrs.put.max_short;
+        Ok(Box::new(RcEp::new(conn, self.ib.clone(), local, max_short)))
     }
 
     fn set_am_handler(&mut self, id: u8, handler: AmHandler) -> Result<()> {
-        let slot = self.handlers.get_mut(id as usize).ok_or_else(|| {
-            UctError::InvalidParam(format!("active message id {id} is not below {AM_IDS}"))
-        })?;
-        *slot = Some(handler);
-        Ok(())
+        self.handlers.set(id, handler)
     }
 
     fn progress(&mut self) -> usize {
-        let mut n = 0;
-        let mut eps = std::mem::take(&mut self.scratch);
-        eps.clear();
-        self.eps.retain(|w| match w.upgrade() {
-            Some(e) => {
-                eps.push(e);
+        let mut count = 0;
+        let mut conns = std::mem::take(&mut self.scratch);
+        conns.clear();
+        self.conns.retain(|weak| match weak.upgrade() {
+            Some(conn) => {
+                conns.push(conn);
                 true
             }
             None => false,
         });
-        for e in &eps {
-            let mut g = e.lock().unwrap_or_else(|p| p.into_inner());
-            n += g.progress();
-            if g.ams.is_empty() {
+        for conn in &conns {
+            let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
+            count += guard.progress();
+            if guard.ams.is_empty() {
                 continue;
             }
             self.ams.clear();
-            self.ams.extend(g.ams.drain(..));
-            let recv = g.recv_buffer().clone();
-            // Handlers run outside the endpoint's lock (they may send),
+            self.ams.extend(guard.ams.drain(..));
+            let recv = guard.recv_buffer().clone();
+            // Handlers run outside the connection's lock (they may send),
             // reading each message in place in its receive segment.
-            drop(g);
+            drop(guard);
             for &(id, seg, len) in &self.ams {
                 let data = match recv.host_ptr(seg * SEG, len) {
-                    // SAFETY: the segment is not posted to the NIC until it
-                    // is reposted below, and `recv` keeps it alive.
+                    // SAFETY: `host_ptr` checked that [seg * SEG, +len) is
+                    // inside `recv`, which this clone keeps alive; the NIC
+                    // does not write the segment until it is reposted
+                    // below, after the handler returned.
                     Ok(p) => unsafe { std::slice::from_raw_parts(p as *const u8, len) },
                     Err(_) => &[],
                 };
-                match self.handlers.get_mut(id as usize).and_then(Option::as_mut) {
-                    Some(h) => h(AmMessage { id, data }),
-                    None => log::warn!(
-                        "rc {}: dropped active message {id} ({len} bytes): no handler set",
-                        self.dev
-                    ),
-                }
+                self.handlers.deliver(id, data);
             }
-            let mut g = e.lock().unwrap_or_else(|p| p.into_inner());
+            let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
             for &(_, seg, _) in &self.ams {
-                g.repost(seg);
+                guard.repost(seg);
             }
         }
-        eps.clear();
-        self.scratch = eps;
-        n
+        conns.clear();
+        self.scratch = conns;
+        count
     }
 }

@@ -1,29 +1,38 @@
 //! Completion queues and RC queue pairs, with the RESET, INIT, RTR, RTS
-//! transitions; a failed transition is an error that names it.
+//! transitions; a failed transition is a [`VerbsError`] that names it.
 
 use std::ffi::CStr;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use md_ib::verbs::{errno_error, last_error, Context, Pd};
+use md_ib::verbs::{Context, Pd};
+use md_ib::{QpState, VerbsError};
 use rdma_sys::*;
-use uct_core::UctError;
+
+use crate::tx::{WcOpcode, WcStatus};
 
 /// A completion queue.
 pub struct Cq {
     ptr: NonNull<ibv_cq>,
+    /// The CQ's device: open while the CQ exists.
     _ctx: Arc<Context>,
 }
 
-// SAFETY: verbs objects are thread-safe; the owner polls from one thread.
+// SAFETY: a CQ is not tied to the thread that created it; any thread may
+// poll and destroy it.
 unsafe impl Send for Cq {}
-// SAFETY: as for Send.
+// SAFETY: through `&Cq` the CQ is only polled (ibv_poll_cq), which
+// libibverbs providers make thread-safe with the CQ's own lock, or passed
+// to ibv_create_qp, which is thread-safe too.
 unsafe impl Sync for Cq {}
 
 impl Cq {
-    pub fn new(ctx: &Arc<Context>, entries: u32) -> Result<Arc<Cq>, UctError> {
-        // SAFETY: a live context; no completion channel.
-        let p = unsafe {
+    /// A CQ of at least `entries` entries on `ctx`, without a completion
+    /// channel.
+    pub fn new(ctx: &Arc<Context>, entries: u32) -> Result<Arc<Cq>, VerbsError> {
+        // SAFETY: `ctx` is open (the Arc keeps it so); a null channel and
+        // context pointer are allowed.
+        let ptr = unsafe {
             ibv_create_cq(
                 ctx.as_ptr(),
                 entries as i32,
@@ -32,26 +41,28 @@ impl Cq {
                 0,
             )
         };
-        NonNull::new(p)
-            .map(|ptr| {
-                Arc::new(Cq {
-                    ptr,
-                    _ctx: ctx.clone(),
-                })
-            })
-            .ok_or_else(|| last_error(&format!("ibv_create_cq({entries})")))
+        match NonNull::new(ptr) {
+            Some(ptr) => Ok(Arc::new(Cq {
+                ptr,
+                _ctx: ctx.clone(),
+            })),
+            None => Err(VerbsError::last(format!("ibv_create_cq({entries})")).on(ctx.name())),
+        }
     }
 
+    /// The raw CQ, valid while this `Cq` lives.
     pub fn as_ptr(&self) -> *mut ibv_cq {
         self.ptr.as_ptr()
     }
 
     /// Polls up to `wcs.len()` completions.
-    pub fn poll(&self, wcs: &mut [ibv_wc]) -> Result<usize, UctError> {
-        // SAFETY: a live CQ and an array of that many entries.
+    pub fn poll(&self, wcs: &mut [ibv_wc]) -> Result<usize, VerbsError> {
+        // SAFETY: `ptr` is the CQ made in `new`, destroyed only in Drop, so
+        // valid for `&self`; `wcs` has room for the `wcs.len()` entries the
+        // call may write.
         let n = unsafe { ibv_poll_cq(self.as_ptr(), wcs.len() as i32, wcs.as_mut_ptr()) };
         if n < 0 {
-            return Err(errno_error("ibv_poll_cq", -n));
+            return Err(VerbsError::new("ibv_poll_cq", -n));
         }
         Ok(n as usize)
     }
@@ -59,22 +70,66 @@ impl Cq {
 
 impl Drop for Cq {
     fn drop(&mut self) {
-        // SAFETY: every QP using this CQ holds an Arc to it.
-        unsafe { ibv_destroy_cq(self.ptr.as_ptr()) };
+        // SAFETY: made in `new`, destroyed once, here; every QP that uses
+        // this CQ holds an Arc to it, so none is alive now.
+        let r = unsafe { ibv_destroy_cq(self.ptr.as_ptr()) };
+        if r != 0 {
+            log::warn!(
+                "verbs: ibv_destroy_cq failed: {}",
+                md_ib::error::errno_text(r)
+            );
+        }
+    }
+}
+
+/// The status of a work completion, as the send tracker takes it.
+pub fn wc_status(wc: &ibv_wc) -> WcStatus {
+    if wc.status == ibv_wc_status::IBV_WC_SUCCESS {
+        return WcStatus::Success;
+    }
+    WcStatus::Failed {
+        name: wc_status_name(wc.status),
+        code: wc.status,
+        vendor_err: wc.vendor_err,
+    }
+}
+
+/// The opcode of a work completion, as the send tracker takes it.
+pub fn wc_opcode(opcode: ibv_wc_opcode::Type) -> WcOpcode {
+    match opcode {
+        ibv_wc_opcode::IBV_WC_SEND => WcOpcode::Send,
+        ibv_wc_opcode::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
+        ibv_wc_opcode::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
+        ibv_wc_opcode::IBV_WC_COMP_SWAP => WcOpcode::CompareSwap,
+        ibv_wc_opcode::IBV_WC_FETCH_ADD => WcOpcode::FetchAdd,
+        other => WcOpcode::Other(other),
     }
 }
 
 /// The text verbs gives a work completion status.
 pub fn wc_status_name(status: ibv_wc_status::Type) -> String {
-    // SAFETY: returns a static string for any value.
+    // SAFETY: ibv_wc_status_str returns a static NUL-terminated string for
+    // any value ("unknown" for those it does not know).
     unsafe { CStr::from_ptr(ibv_wc_status_str(status)) }
         .to_string_lossy()
         .into_owned()
 }
 
+/// Our side of a connection: the port, the GID to send from, and limits.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalPath {
+    pub port: u8,
+    pub gid_index: u32,
+    /// RoCE: every packet carries a GRH.
+    pub ethernet: bool,
+    pub mtu: ibv_mtu::Type,
+    /// RDMA reads and atomics in flight, each way.
+    pub rd_atomic: u8,
+}
+
 /// Where the peer QP is.
 #[derive(Debug, Clone, Copy)]
-pub struct Remote {
+pub struct RemoteQp {
     pub qpn: u32,
     pub psn: u32,
     pub gid: [u8; 16],
@@ -85,14 +140,19 @@ pub struct Remote {
 /// An RC queue pair.
 pub struct Qp {
     ptr: NonNull<ibv_qp>,
+    /// The PD and CQ the QP was created with: alive while the QP is.
     _pd: Arc<Pd>,
     _cq: Arc<Cq>,
+    device: String,
     pub max_inline: u32,
 }
 
-// SAFETY: verbs objects are thread-safe; one owner posts at a time.
+// SAFETY: a QP is not tied to the thread that created it; any thread may
+// post to it and destroy it.
 unsafe impl Send for Qp {}
-// SAFETY: as for Send.
+// SAFETY: through `&Qp` the QP is posted to (ibv_post_send/recv) and
+// modified (ibv_modify_qp); libibverbs makes these thread-safe (providers
+// lock the send and receive queues), and our fields are never written.
 unsafe impl Sync for Qp {}
 
 impl Qp {
@@ -104,8 +164,10 @@ impl Qp {
         send_wr: u32,
         recv_wr: u32,
         max_sge: u32,
-    ) -> Result<Qp, UctError> {
-        // SAFETY: zeroed is a valid init attr to fill in.
+    ) -> Result<Qp, VerbsError> {
+        let device = pd.context().name().to_string();
+        // SAFETY: ibv_qp_init_attr is plain C data (pointers may be null):
+        // all zeroes is valid, filled in below.
         let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = cq.as_ptr();
         init.recv_cq = cq.as_ptr();
@@ -116,136 +178,159 @@ impl Qp {
         init.cap.max_send_sge = max_sge;
         init.cap.max_recv_sge = 1;
         init.cap.max_inline_data = 64;
-        // SAFETY: a live PD and CQ; init is filled in.
-        let p = unsafe { ibv_create_qp(pd.as_ptr(), &mut init) };
-        let ptr = NonNull::new(p).ok_or_else(|| last_error("ibv_create_qp (RC)"))?;
+        // SAFETY: the PD and CQ are live (the Arcs keep them so) and belong
+        // to the same context; `init` is filled in.
+        let ptr = unsafe { ibv_create_qp(pd.as_ptr(), &mut init) };
+        let ptr =
+            NonNull::new(ptr).ok_or_else(|| VerbsError::last("ibv_create_qp (RC)").on(&device))?;
         let qp = Qp {
             ptr,
             _pd: pd.clone(),
             _cq: cq.clone(),
+            device,
             max_inline: init.cap.max_inline_data,
         };
-        // SAFETY: zeroed is a valid attr to fill in.
-        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = ibv_qp_state::IBV_QPS_INIT;
-        a.pkey_index = 0;
-        a.port_num = port;
-        a.qp_access_flags = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+        let mut init_attr = zeroed_attr();
+        init_attr.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        init_attr.pkey_index = 0;
+        init_attr.port_num = port;
+        init_attr.qp_access_flags = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
             | ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
             | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
-            | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0) as _;
+            | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0)
+            as _;
         let mask = ibv_qp_attr_mask::IBV_QP_STATE.0
             | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX.0
             | ibv_qp_attr_mask::IBV_QP_PORT.0
             | ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0;
-        qp.modify(&mut a, mask, "RESET -> INIT")?;
+        qp.modify(&mut init_attr, mask, QpState::Reset, QpState::Init)?;
         Ok(qp)
     }
 
+    /// The raw QP, valid while this `Qp` lives.
     pub fn as_ptr(&self) -> *mut ibv_qp {
         self.ptr.as_ptr()
     }
 
+    /// The QP number, which the peer connects to.
     pub fn qpn(&self) -> u32 {
-        // SAFETY: a live QP.
+        // SAFETY: `ptr` is the QP made in `new`, destroyed only in Drop, so
+        // valid for `&self`; qp_num is set at creation and never changes.
         unsafe { (*self.ptr.as_ptr()).qp_num }
     }
 
-    fn modify(&self, a: &mut ibv_qp_attr, mask: u32, what: &str) -> Result<(), UctError> {
-        // SAFETY: a live QP and a filled-in attr.
-        let r = unsafe { ibv_modify_qp(self.as_ptr(), a, mask as i32) };
+    fn modify(
+        &self,
+        attr: &mut ibv_qp_attr,
+        mask: u32,
+        from: QpState,
+        to: QpState,
+    ) -> Result<(), VerbsError> {
+        // SAFETY: `ptr` is valid for `&self` (see `qpn`); `attr` is filled
+        // in for every bit of `mask`.
+        let r = unsafe { ibv_modify_qp(self.as_ptr(), attr, mask as i32) };
         if r != 0 {
-            let mut e = errno_error(&format!("ibv_modify_qp {what} on QP {}", self.qpn()), r);
-            if let UctError::Device { message, .. } = &mut e {
-                message.push_str("; the peer address (GID, QP number, MTU) may be wrong, or UCT_IB_GID_INDEX names a GID of another type");
-            }
-            return Err(e);
+            return Err(
+                VerbsError::new(format!("ibv_modify_qp on QP {}", self.qpn()), r)
+                    .on(&self.device)
+                    .in_transition(from, to),
+            );
         }
         Ok(())
     }
 
-    /// INIT -> RTR -> RTS towards `remote`.
-    #[allow(clippy::too_many_arguments)]
+    /// INIT -> RTR -> RTS from `local` towards `remote`, sending from
+    /// `my_psn`.
     pub fn connect(
         &self,
-        port: u8,
-        gid_index: u32,
-        ethernet: bool,
-        my_mtu: ibv_mtu::Type,
+        local: &LocalPath,
         my_psn: u32,
-        rd_atomic: u8,
-        remote: &Remote,
-    ) -> Result<(), UctError> {
-        // SAFETY: zeroed is a valid attr to fill in.
-        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = ibv_qp_state::IBV_QPS_RTR;
-        a.path_mtu = my_mtu.min(remote.mtu);
-        a.dest_qp_num = remote.qpn;
-        a.rq_psn = remote.psn;
-        a.max_dest_rd_atomic = rd_atomic;
-        a.min_rnr_timer = 12;
-        a.ah_attr.port_num = port;
-        a.ah_attr.dlid = remote.lid;
-        a.ah_attr.sl = 0;
-        if ethernet || remote.lid == 0 {
-            a.ah_attr.is_global = 1;
-            a.ah_attr.grh.dgid = ibv_gid { raw: remote.gid };
-            a.ah_attr.grh.sgid_index = gid_index as u8;
-            a.ah_attr.grh.hop_limit = 64;
+        remote: &RemoteQp,
+    ) -> Result<(), VerbsError> {
+        let mut rtr_attr = zeroed_attr();
+        rtr_attr.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        rtr_attr.path_mtu = local.mtu.min(remote.mtu);
+        rtr_attr.dest_qp_num = remote.qpn;
+        rtr_attr.rq_psn = remote.psn;
+        rtr_attr.max_dest_rd_atomic = local.rd_atomic;
+        rtr_attr.min_rnr_timer = 12;
+        rtr_attr.ah_attr.port_num = local.port;
+        rtr_attr.ah_attr.dlid = remote.lid;
+        rtr_attr.ah_attr.sl = 0;
+        if local.ethernet || remote.lid == 0 {
+            rtr_attr.ah_attr.is_global = 1;
+            rtr_attr.ah_attr.grh.dgid = ibv_gid { raw: remote.gid };
+            rtr_attr.ah_attr.grh.sgid_index = local.gid_index as u8;
+            rtr_attr.ah_attr.grh.hop_limit = 64;
         }
-        let mask = ibv_qp_attr_mask::IBV_QP_STATE.0
+        let rtr_mask = ibv_qp_attr_mask::IBV_QP_STATE.0
             | ibv_qp_attr_mask::IBV_QP_AV.0
             | ibv_qp_attr_mask::IBV_QP_PATH_MTU.0
             | ibv_qp_attr_mask::IBV_QP_DEST_QPN.0
             | ibv_qp_attr_mask::IBV_QP_RQ_PSN.0
             | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC.0
             | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0;
-        self.modify(&mut a, mask, "INIT -> RTR")?;
-        // SAFETY: as above.
-        let mut b: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        b.qp_state = ibv_qp_state::IBV_QPS_RTS;
-        b.timeout = 14;
-        b.retry_cnt = 7;
-        b.rnr_retry = 7;
-        b.sq_psn = my_psn;
-        b.max_rd_atomic = rd_atomic;
-        let mask = ibv_qp_attr_mask::IBV_QP_STATE.0
+        self.modify(&mut rtr_attr, rtr_mask, QpState::Init, QpState::Rtr)?;
+        let mut rts_attr = zeroed_attr();
+        rts_attr.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        rts_attr.timeout = 14;
+        rts_attr.retry_cnt = 7;
+        rts_attr.rnr_retry = 7;
+        rts_attr.sq_psn = my_psn;
+        rts_attr.max_rd_atomic = local.rd_atomic;
+        let rts_mask = ibv_qp_attr_mask::IBV_QP_STATE.0
             | ibv_qp_attr_mask::IBV_QP_TIMEOUT.0
             | ibv_qp_attr_mask::IBV_QP_RETRY_CNT.0
             | ibv_qp_attr_mask::IBV_QP_RNR_RETRY.0
             | ibv_qp_attr_mask::IBV_QP_SQ_PSN.0
             | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC.0;
-        self.modify(&mut b, mask, "RTR -> RTS")
+        self.modify(&mut rts_attr, rts_mask, QpState::Rtr, QpState::Rts)
     }
 
     /// Moves the QP to the error state: the NIC stops working on it and
     /// flushes what is posted.
     pub fn to_error(&self) {
-        // SAFETY: zeroed is a valid attr; only the state is set.
-        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = ibv_qp_state::IBV_QPS_ERR;
-        if let Err(e) = self.modify(&mut a, ibv_qp_attr_mask::IBV_QP_STATE.0, "-> ERR") {
+        let mut err_attr = zeroed_attr();
+        err_attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE.0;
+        if let Err(e) = self.modify(&mut err_attr, mask, QpState::Rts, QpState::Error) {
             log::debug!("{e}");
         }
     }
 
     /// Posts one send work request.
-    pub fn post_send(&self, wr: &mut ibv_send_wr) -> Result<(), UctError> {
+    ///
+    /// # Safety
+    /// Every SGE of `wr` must point at memory that stays valid until the
+    /// request completes: registered with the lkey it names (or, with
+    /// IBV_SEND_INLINE, valid for this call only), and for RDMA the remote
+    /// fields must be the peer's.
+    pub unsafe fn post_send(&self, wr: &mut ibv_send_wr) -> Result<(), VerbsError> {
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: a live QP; the WR and its SGE list live for the call (the
-        // data they point at is registered and kept alive by the caller).
+        // SAFETY: `ptr` is valid for `&self` (see `qpn`); `wr` and its SGE
+        // list live for the call, and the caller keeps the memory they
+        // point at valid until the completion.
         let r = unsafe { ibv_post_send(self.as_ptr(), wr, &mut bad) };
         if r != 0 {
-            return Err(errno_error(
-                &format!("ibv_post_send on QP {}", self.qpn()),
-                r,
-            ));
+            return Err(
+                VerbsError::new(format!("ibv_post_send on QP {}", self.qpn()), r).on(&self.device),
+            );
         }
         Ok(())
     }
 
     /// Posts one receive buffer.
-    pub fn post_recv(&self, wr_id: u64, addr: u64, len: u32, lkey: u32) -> Result<(), UctError> {
+    ///
+    /// # Safety
+    /// `addr..addr+len` must be registered with `lkey` and stay valid, and
+    /// untouched by the CPU, until the receive completes.
+    pub unsafe fn post_recv(
+        &self,
+        wr_id: u64,
+        addr: u64,
+        len: u32,
+        lkey: u32,
+    ) -> Result<(), VerbsError> {
         let mut sge = ibv_sge {
             addr,
             length: len,
@@ -258,14 +343,14 @@ impl Qp {
             num_sge: 1,
         };
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: a live QP; the buffer is registered and owned by the
-        // endpoint until its completion.
+        // SAFETY: `ptr` is valid for `&self` (see `qpn`); the WR and SGE
+        // live for the call, and the caller keeps the buffer valid until
+        // the completion.
         let r = unsafe { ibv_post_recv(self.as_ptr(), &mut wr, &mut bad) };
         if r != 0 {
-            return Err(errno_error(
-                &format!("ibv_post_recv on QP {}", self.qpn()),
-                r,
-            ));
+            return Err(
+                VerbsError::new(format!("ibv_post_recv on QP {}", self.qpn()), r).on(&self.device),
+            );
         }
         Ok(())
     }
@@ -273,14 +358,22 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        // SAFETY: created by us, destroyed once; outstanding WRs are flushed
-        // by the provider.
+        // SAFETY: made in `new`, destroyed once, here; the provider flushes
+        // what is still posted. The PD and CQ outlive it (fields dropped
+        // after this).
         let r = unsafe { ibv_destroy_qp(self.ptr.as_ptr()) };
         if r != 0 {
             log::warn!(
                 "verbs: ibv_destroy_qp failed: {}",
-                std::io::Error::from_raw_os_error(r)
+                md_ib::error::errno_text(r)
             );
         }
     }
+}
+
+/// An all-zero QP attribute to fill in.
+fn zeroed_attr() -> ibv_qp_attr {
+    // SAFETY: ibv_qp_attr is plain C data (integers, arrays and a union of
+    // byte arrays): all zeroes is a valid value.
+    unsafe { std::mem::zeroed() }
 }

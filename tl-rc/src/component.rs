@@ -1,0 +1,172 @@
+//! The `ib` component: one memory domain per RDMA device, transport rc on
+//! each active port; its configuration.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use md_ib::verbs::Context;
+use uct_core::config::{Config, ConfigKind, ConfigVar};
+use uct_core::{
+    Component, DeviceType, Iface, IfaceParams, MemoryDomain, RemoteKey, Result, RkeyEntry,
+    TlResource, UctError,
+};
+
+use crate::conn::Queues;
+use crate::iface::RcIface;
+use crate::md::RcMd;
+
+pub(crate) const NAME: &str = "ib";
+
+/// The ib component's configuration.
+pub const IB_CONFIG: &[ConfigVar] = &[
+    ConfigVar {
+        name: "UCT_IB_GID_INDEX",
+        default: "auto",
+        kind: ConfigKind::Uint,
+        doc: "GID table index to use; auto picks the first RoCE v2 IPv4-mapped GID, then the first RoCE v2 one, then the first one.",
+    },
+    ConfigVar {
+        name: "UCT_RC_TX_QUEUE_LEN",
+        default: "256",
+        kind: ConfigKind::Uint,
+        doc: "Send queue length of each rc endpoint: operations in flight before NoResource.",
+    },
+    ConfigVar {
+        name: "UCT_RC_PEER_TIMEOUT",
+        default: "10s",
+        kind: ConfigKind::Duration,
+        doc: "With operations outstanding and no work completion for this long, an rc endpoint fails: its peer is taken for dead (some NICs, rxe among them, never time out such a QP).",
+    },
+    ConfigVar {
+        name: "UCT_RC_RX_QUEUE_LEN",
+        default: "64",
+        kind: ConfigKind::Uint,
+        doc: "Receive buffers posted by each rc endpoint for active messages.",
+    },
+];
+
+/// The ib component: one memory domain per RDMA device, transport rc on
+/// each active port.
+pub struct IbComponent {
+    mds: Mutex<HashMap<String, Arc<RcMd>>>,
+}
+
+impl IbComponent {
+    pub(crate) fn new() -> Self {
+        IbComponent {
+            mds: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The MD of device `name`, opened once.
+    fn ib_md(&self, name: &str) -> Result<Arc<RcMd>> {
+        let mut mds = self.mds.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(md) = mds.get(name) {
+            return Ok(md.clone());
+        }
+        let md = Arc::new(RcMd::open(NAME, name)?);
+        mds.insert(name.to_string(), md.clone());
+        Ok(md)
+    }
+}
+
+impl Component for IbComponent {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn description(&self) -> &str {
+        "InfiniBand/RoCE verbs: memory domains per device (host and DMA-buf registration), RC transport"
+    }
+
+    fn transport_names(&self) -> Vec<String> {
+        vec!["rc".into()]
+    }
+
+    fn config_table(&self) -> &'static [ConfigVar] {
+        IB_CONFIG
+    }
+
+    fn md_names(&self) -> Result<Vec<String>> {
+        Ok(Context::device_names())
+    }
+
+    fn open_md(&self, name: &str) -> Result<Arc<dyn MemoryDomain>> {
+        Ok(self.ib_md(name)?)
+    }
+
+    fn tl_resources(&self, md: &Arc<dyn MemoryDomain>) -> Result<Vec<TlResource>> {
+        if md.component() != NAME {
+            return Ok(vec![]);
+        }
+        let ib = self.ib_md(md.name())?;
+        let info = ib.info();
+        Ok(info
+            .ports
+            .iter()
+            .filter(|p| p.active)
+            .map(|p| TlResource {
+                transport: "rc".into(),
+                device: format!("{}:{}", info.name, p.num),
+                device_type: DeviceType::Network,
+                system_device: info.pci.clone(),
+            })
+            .collect())
+    }
+
+    fn open_iface(
+        &self,
+        md: &Arc<dyn MemoryDomain>,
+        resource: &TlResource,
+        _params: &IfaceParams,
+    ) -> Result<Box<dyn Iface>> {
+        let ib = self.ib_md(md.name())?;
+        let port: u8 = resource
+            .device
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .ok_or_else(|| {
+                UctError::NoDevice(format!(
+                    "rc device {} (expected NAME:PORT)",
+                    resource.device
+                ))
+            })?;
+        let (cfg, errors) = Config::from_env_lenient(&[(NAME, IB_CONFIG)]);
+        for e in errors {
+            log::error!("{e}; using its default");
+        }
+        let gid_index = cfg
+            .get_uint("UCT_IB_GID_INDEX")
+            .ok()
+            .flatten()
+            .map(|v| v as u32);
+        let queues = Queues {
+            tx: cfg
+                .get_uint("UCT_RC_TX_QUEUE_LEN")
+                .ok()
+                .flatten()
+                .unwrap_or(256)
+                .clamp(8, 16384) as u32,
+            rx: cfg
+                .get_uint("UCT_RC_RX_QUEUE_LEN")
+                .ok()
+                .flatten()
+                .unwrap_or(64)
+                .clamp(8, 16384) as u32,
+            peer_timeout: cfg
+                .get_duration("UCT_RC_PEER_TIMEOUT")
+                .unwrap_or(std::time::Duration::from_secs(10)),
+        };
+        Ok(Box::new(RcIface::open(
+            md.clone(),
+            ib,
+            port,
+            gid_index,
+            queues,
+        )?))
+    }
+
+    fn unpack_rkey(&self, entry: &RkeyEntry) -> Result<RemoteKey> {
+        RcMd::unpack_rkey(NAME, entry)
+    }
+}

@@ -1,0 +1,677 @@
+//! The send side of an rc endpoint as a state machine, with no verbs in it:
+//! what is posted and in which order, which posts are signalled (tx
+//! moderation), credits, fence and flush bookkeeping, and failure. The I/O
+//! layer (`conn.rs`) asks it how to post, tells it what was posted and what
+//! the completion queue said, and carries out the events it returns.
+//!
+//! RC completes a queue's work requests in order, so one signalled
+//! completion also completes every unsignalled request posted before it. A
+//! failed one fails the endpoint: every operation still outstanding fails,
+//! none reports success after it.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use uct_core::{Result, UctError};
+
+/// Signal one post in this many; the others complete with it.
+pub const MODERATION: u32 = 16;
+
+/// Work request ids the tracker hands out are below this; the I/O layer
+/// may use the top bit for its own (receive) requests.
+pub const SEQ_LIMIT: u64 = 1 << 63;
+
+/// What kind of work a completion says was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WcOpcode {
+    Send,
+    RdmaWrite,
+    RdmaRead,
+    CompareSwap,
+    FetchAdd,
+    /// Anything else, by its verbs number.
+    Other(u32),
+}
+
+impl fmt::Display for WcOpcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WcOpcode::Send => f.write_str("SEND"),
+            WcOpcode::RdmaWrite => f.write_str("RDMA_WRITE"),
+            WcOpcode::RdmaRead => f.write_str("RDMA_READ"),
+            WcOpcode::CompareSwap => f.write_str("COMP_SWAP"),
+            WcOpcode::FetchAdd => f.write_str("FETCH_ADD"),
+            WcOpcode::Other(n) => write!(f, "opcode {n}"),
+        }
+    }
+}
+
+/// A completion's status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WcStatus {
+    Success,
+    /// The status's name as verbs gives it, its number, and the vendor's
+    /// error code.
+    Failed {
+        name: String,
+        code: u32,
+        vendor_err: u32,
+    },
+}
+
+/// Whether a post must be signalled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// As moderation says.
+    Moderated,
+    /// Always: the operation needs its own completion, or resources run
+    /// low, or a flush needs the tail to be visible.
+    Always,
+}
+
+/// How to post the next work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Its work request id.
+    pub seq: u64,
+    pub signalled: bool,
+    /// Whether it carries a pending fence.
+    pub fenced: bool,
+}
+
+/// An operation posted: what its completion must say, a name for errors,
+/// and what the I/O layer keeps with it.
+#[derive(Debug)]
+pub struct TxOp<T> {
+    pub expect: WcOpcode,
+    pub what: &'static str,
+    pub payload: T,
+}
+
+/// What the I/O layer must do after a completion or a failure.
+#[derive(Debug)]
+pub enum TxEvent<T, F> {
+    /// An operation completed. `named`: the completion is this operation's
+    /// own (its byte count and data are this operation's).
+    Done { payload: T, named: bool },
+    /// An operation failed.
+    Failed { payload: T, error: UctError },
+    /// Nothing is outstanding any more: a flush is complete.
+    Flushed(F),
+    /// The endpoint failed with a flush waiting.
+    FlushFailed(F, UctError),
+    /// A successful completion that names no outstanding operation (a
+    /// duplicate, or an id never handed out); nothing was completed.
+    Stray { wr_id: u64 },
+}
+
+/// What a flush needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushNeed {
+    /// Nothing is outstanding: the flush is done now.
+    Done,
+    /// The last post was unsignalled: post a signalled (empty) one so that
+    /// the completion of everything becomes visible, then wait.
+    SignalTail,
+    /// As `SignalTail`, but no credit is left for it: try again later.
+    NoResource,
+    /// The last post is signalled: wait for it.
+    Wait,
+}
+
+struct Posted<T> {
+    seq: u64,
+    op: TxOp<T>,
+}
+
+/// The send-side state of one endpoint. `T` is what the I/O layer keeps
+/// with each operation, `F` with each flush.
+pub struct TxTracker<T, F> {
+    device: String,
+    credits: u32,
+    /// Posted operations in order, with consecutive ids.
+    ops: VecDeque<Posted<T>>,
+    next_seq: u64,
+    since_signal: u32,
+    /// Whether the last post was signalled (true when none is outstanding).
+    tail_signalled: bool,
+    fence: bool,
+    flushes: Vec<F>,
+    failure: Option<UctError>,
+}
+
+impl<T, F> TxTracker<T, F> {
+    /// A tracker with `credits` posts allowed in flight; `device` names the
+    /// endpoint's device in errors.
+    pub fn new(device: &str, credits: u32) -> Self {
+        Self::starting_at(device, credits, 1)
+    }
+
+    /// As `new`, handing out ids from `first_seq` (tests use it to cross
+    /// the wraparound).
+    pub fn starting_at(device: &str, credits: u32, first_seq: u64) -> Self {
+        TxTracker {
+            device: device.to_string(),
+            credits,
+            ops: VecDeque::new(),
+            next_seq: first_seq % SEQ_LIMIT,
+            since_signal: 0,
+            tail_signalled: true,
+            fence: false,
+            flushes: Vec::new(),
+            failure: None,
+        }
+    }
+
+    /// Posts still allowed in flight.
+    pub fn credits(&self) -> u32 {
+        self.credits
+    }
+
+    /// Operations posted and not completed.
+    pub fn outstanding(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Why the endpoint failed, if it did.
+    pub fn failure(&self) -> Option<&UctError> {
+        self.failure.as_ref()
+    }
+
+    /// Whether a post may go now: the failure if the endpoint failed,
+    /// `Ok(false)` when out of credits (NoResource).
+    pub fn ready(&self) -> Result<bool> {
+        match &self.failure {
+            Some(e) => Err(e.clone()),
+            None => Ok(self.credits > 0),
+        }
+    }
+
+    /// How to post the next work request; takes a pending fence. Call only
+    /// when `ready()` said yes, then `post` it, or `abandon` it if verbs
+    /// refused it.
+    pub fn plan(&mut self, signal: Signal) -> Plan {
+        let signalled = signal == Signal::Always
+            || self.since_signal + 1 >= MODERATION
+            || self.credits <= MODERATION;
+        Plan {
+            seq: self.next_seq,
+            signalled,
+            fenced: std::mem::take(&mut self.fence),
+        }
+    }
+
+    /// A planned post that was not made: its fence is pending again.
+    pub fn abandon(&mut self, plan: Plan) {
+        if plan.fenced {
+            self.fence = true;
+        }
+    }
+
+    /// Records the post of `op` as `plan` said. Returns whether it is the
+    /// only operation outstanding (a peer timeout counts from it).
+    pub fn post(&mut self, plan: Plan, op: TxOp<T>) -> bool {
+        debug_assert_eq!(plan.seq, self.next_seq, "posts follow their plans in order");
+        debug_assert!(self.credits > 0, "posted without a credit");
+        self.next_seq = (plan.seq + 1) % SEQ_LIMIT;
+        self.since_signal = if plan.signalled {
+            0
+        } else {
+            self.since_signal + 1
+        };
+        self.tail_signalled = plan.signalled;
+        self.credits = self.credits.saturating_sub(1);
+        self.ops.push_back(Posted { seq: plan.seq, op });
+        self.ops.len() == 1
+    }
+
+    /// Where operation `wr_id` is in the queue.
+    fn position(&self, wr_id: u64) -> Option<usize> {
+        let front = self.ops.front()?.seq;
+        let offset = (wr_id.wrapping_sub(front) % SEQ_LIMIT) as usize;
+        (wr_id < SEQ_LIMIT && offset < self.ops.len()).then_some(offset)
+    }
+
+    /// Handles the completion of work request `wr_id`, pushing what to do
+    /// onto `events`.
+    pub fn complete(
+        &mut self,
+        wr_id: u64,
+        status: &WcStatus,
+        opcode: WcOpcode,
+        events: &mut Vec<TxEvent<T, F>>,
+    ) {
+        if let WcStatus::Failed {
+            name,
+            code,
+            vendor_err,
+        } = status
+        {
+            if self.failure.is_some() {
+                // The rest of the queue, flushed after the first error.
+                return;
+            }
+            let what = self
+                .position(wr_id)
+                .map_or("an operation", |i| self.ops[i].op.what);
+            let error = UctError::EndpointFailed(format!(
+                "rc {}: {what} failed with work completion status {name} ({code}), vendor error {vendor_err:#x}",
+                self.device
+            ));
+            self.fail(error, events);
+            return;
+        }
+        let Some(last) = self.position(wr_id) else {
+            if self.failure.is_none() {
+                events.push(TxEvent::Stray { wr_id });
+            }
+            return;
+        };
+        for index in 0..=last {
+            let Some(posted) = self.ops.pop_front() else {
+                break;
+            };
+            self.credits += 1;
+            let named = index == last;
+            if named && opcode != posted.op.expect {
+                let error = UctError::Protocol(format!(
+                    "rc {}: {} completed with opcode {opcode}, expected {}",
+                    self.device, posted.op.what, posted.op.expect
+                ));
+                events.push(TxEvent::Failed {
+                    payload: posted.op.payload,
+                    error: error.clone(),
+                });
+                self.fail(error, events);
+                return;
+            }
+            events.push(TxEvent::Done {
+                payload: posted.op.payload,
+                named,
+            });
+        }
+        if self.ops.is_empty() {
+            self.tail_signalled = true;
+            events.extend(self.flushes.drain(..).map(TxEvent::Flushed));
+        }
+    }
+
+    /// Fails the endpoint: every outstanding operation and flush fails with
+    /// `error` (the first failure is the one kept).
+    pub fn fail(&mut self, error: UctError, events: &mut Vec<TxEvent<T, F>>) {
+        for posted in self.ops.drain(..) {
+            self.credits += 1;
+            events.push(TxEvent::Failed {
+                payload: posted.op.payload,
+                error: error.clone(),
+            });
+        }
+        for flush in self.flushes.drain(..) {
+            events.push(TxEvent::FlushFailed(flush, error.clone()));
+        }
+        self.tail_signalled = true;
+        self.failure.get_or_insert(error);
+    }
+
+    /// Orders the next post after every one before it.
+    pub fn fence(&mut self) -> Result<()> {
+        if let Some(e) = &self.failure {
+            return Err(e.clone());
+        }
+        self.fence = true;
+        Ok(())
+    }
+
+    /// What a flush needs now.
+    pub fn flush(&self) -> Result<FlushNeed> {
+        if let Some(e) = &self.failure {
+            return Err(e.clone());
+        }
+        Ok(if self.ops.is_empty() {
+            FlushNeed::Done
+        } else if self.tail_signalled {
+            FlushNeed::Wait
+        } else if self.credits == 0 {
+            FlushNeed::NoResource
+        } else {
+            FlushNeed::SignalTail
+        })
+    }
+
+    /// A flush to complete when nothing is outstanding any more.
+    pub fn add_flush(&mut self, flush: F) {
+        self.flushes.push(flush);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Tracker = TxTracker<u32, &'static str>;
+    type Events = Vec<TxEvent<u32, &'static str>>;
+
+    fn op(id: u32) -> TxOp<u32> {
+        TxOp {
+            expect: WcOpcode::RdmaWrite,
+            what: "put_bcopy",
+            payload: id,
+        }
+    }
+
+    /// Posts `n` moderated writes with payloads from `first`; returns
+    /// their plans.
+    fn post_n(tx: &mut Tracker, first: u32, n: u32) -> Vec<Plan> {
+        (first..first + n)
+            .map(|id| {
+                assert_eq!(tx.ready(), Ok(true));
+                let plan = tx.plan(Signal::Moderated);
+                tx.post(plan, op(id));
+                plan
+            })
+            .collect()
+    }
+
+    fn ok(tx: &mut Tracker, wr_id: u64) -> Events {
+        let mut events = Vec::new();
+        tx.complete(wr_id, &WcStatus::Success, WcOpcode::RdmaWrite, &mut events);
+        events
+    }
+
+    fn error(tx: &mut Tracker, wr_id: u64) -> Events {
+        let status = WcStatus::Failed {
+            name: "remote access error".into(),
+            code: 10,
+            vendor_err: 0x88,
+        };
+        let mut events = Vec::new();
+        tx.complete(wr_id, &status, WcOpcode::Other(0), &mut events);
+        events
+    }
+
+    fn done_ids(events: &Events) -> Vec<u32> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                TxEvent::Done { payload, .. } => Some(*payload),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn failed_ids(events: &Events) -> Vec<u32> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                TxEvent::Failed { payload, .. } => Some(*payload),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn signalled(plans: &[Plan]) -> Vec<usize> {
+        (0..plans.len()).filter(|&i| plans[i].signalled).collect()
+    }
+
+    #[test]
+    fn moderation_signals_exactly_every_16th() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        let plans = post_n(&mut tx, 0, 48);
+        // The 16th, 32nd and 48th posts, and no other.
+        assert_eq!(signalled(&plans), vec![15, 31, 47]);
+    }
+
+    #[test]
+    fn moderation_counter_wraps_around_after_each_signal() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        let plans = post_n(&mut tx, 0, 15);
+        assert!(plans.iter().all(|p| !p.signalled));
+        let sixteenth = post_n(&mut tx, 15, 1);
+        assert!(sixteenth[0].signalled);
+        // Counting starts again from zero.
+        let next = post_n(&mut tx, 16, 16);
+        assert_eq!(signalled(&next), vec![15]);
+    }
+
+    #[test]
+    fn a_forced_signal_restarts_the_count() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        post_n(&mut tx, 0, 10);
+        let plan = tx.plan(Signal::Always);
+        assert!(plan.signalled);
+        tx.post(plan, op(10));
+        let plans = post_n(&mut tx, 11, 16);
+        assert_eq!(signalled(&plans), vec![15]);
+    }
+
+    #[test]
+    fn every_post_is_signalled_when_credits_run_low() {
+        let mut tx = Tracker::new("rxe0:1", MODERATION + 2);
+        let plans = post_n(&mut tx, 0, 4);
+        // Credits 18, 17 leave room; from 16 on every post is signalled.
+        assert_eq!(signalled(&plans), vec![2, 3]);
+    }
+
+    #[test]
+    fn work_request_ids_wrap_below_the_receive_bit() {
+        let mut tx = Tracker::starting_at("rxe0:1", 256, SEQ_LIMIT - 3);
+        let plans = post_n(&mut tx, 0, 6);
+        let ids: Vec<u64> = plans.iter().map(|p| p.seq).collect();
+        assert_eq!(
+            ids,
+            vec![SEQ_LIMIT - 3, SEQ_LIMIT - 2, SEQ_LIMIT - 1, 0, 1, 2]
+        );
+        // A completion after the wrap covers the ones before it.
+        let events = ok(&mut tx, 1);
+        assert_eq!(done_ids(&events), vec![0, 1, 2, 3, 4]);
+        assert_eq!(tx.outstanding(), 1);
+    }
+
+    #[test]
+    fn one_completion_covers_every_earlier_post() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        let plans = post_n(&mut tx, 0, 10);
+        assert_eq!(tx.credits(), 246);
+        let events = ok(&mut tx, plans[9].seq);
+        assert_eq!(done_ids(&events), (0..10).collect::<Vec<_>>());
+        let named: Vec<bool> = events
+            .iter()
+            .map(|e| matches!(e, TxEvent::Done { named: true, .. }))
+            .collect();
+        assert_eq!(named.iter().filter(|&&n| n).count(), 1);
+        assert!(named[9], "only the last is the completion's own");
+        assert_eq!(tx.credits(), 256);
+        assert_eq!(tx.outstanding(), 0);
+    }
+
+    #[test]
+    fn an_error_in_the_middle_fails_everything_after_and_nothing_succeeds() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        let plans = post_n(&mut tx, 0, 8);
+        let events = error(&mut tx, plans[3].seq);
+        assert!(done_ids(&events).is_empty());
+        assert_eq!(failed_ids(&events), (0..8).collect::<Vec<_>>());
+        let e = tx.failure().expect("failed").to_string();
+        assert!(
+            e.contains("put_bcopy failed with work completion status remote access error (10)"),
+            "{e}"
+        );
+        assert!(e.contains("vendor error 0x88"), "{e}");
+        // The rest of the queue comes back flushed, or even successful: no
+        // operation reports anything twice.
+        assert!(error(&mut tx, plans[4].seq).is_empty());
+        assert!(ok(&mut tx, plans[7].seq).is_empty());
+        assert!(matches!(tx.ready(), Err(UctError::EndpointFailed(_))));
+    }
+
+    #[test]
+    fn flush_and_fence_after_failure_return_the_failure() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        post_n(&mut tx, 0, 2);
+        let mut events = Vec::new();
+        tx.fail(UctError::EndpointFailed("first".into()), &mut events);
+        tx.fail(UctError::EndpointFailed("second".into()), &mut events);
+        assert_eq!(failed_ids(&events), vec![0, 1]);
+        let first = UctError::EndpointFailed("first".into());
+        assert_eq!(tx.flush(), Err(first.clone()));
+        assert_eq!(tx.fence(), Err(first.clone()));
+        assert_eq!(tx.ready(), Err(first));
+        assert_eq!(tx.credits(), 256, "credits come back on failure");
+    }
+
+    #[test]
+    fn credits_run_out_and_come_back() {
+        let mut tx = Tracker::new("rxe0:1", 8);
+        let plans = post_n(&mut tx, 0, 8);
+        assert_eq!(tx.ready(), Ok(false), "out of credits: NoResource");
+        assert_eq!(tx.credits(), 0);
+        ok(&mut tx, plans[2].seq);
+        assert_eq!(tx.credits(), 3);
+        assert_eq!(tx.ready(), Ok(true));
+        ok(&mut tx, plans[7].seq);
+        assert_eq!(tx.credits(), 8);
+    }
+
+    #[test]
+    fn a_fence_goes_on_the_next_post_only() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        post_n(&mut tx, 0, 1);
+        tx.fence().unwrap();
+        let fenced = tx.plan(Signal::Moderated);
+        assert!(fenced.fenced);
+        tx.post(fenced, op(1));
+        assert!(!tx.plan(Signal::Moderated).fenced);
+    }
+
+    #[test]
+    fn an_abandoned_post_keeps_its_fence_and_its_id() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        tx.fence().unwrap();
+        let refused = tx.plan(Signal::Moderated);
+        assert!(refused.fenced);
+        tx.abandon(refused);
+        let retry = tx.plan(Signal::Moderated);
+        assert!(retry.fenced, "the fence is still pending");
+        assert_eq!(retry.seq, refused.seq);
+        assert_eq!(tx.credits(), 256);
+        assert_eq!(tx.outstanding(), 0);
+    }
+
+    #[test]
+    fn unknown_and_duplicate_ids_complete_nothing() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        assert!(matches!(ok(&mut tx, 5)[..], [TxEvent::Stray { wr_id: 5 }]));
+        let plans = post_n(&mut tx, 0, 4);
+        assert_eq!(done_ids(&ok(&mut tx, plans[1].seq)), vec![0, 1]);
+        // Again, and one never handed out, and one with the receive bit.
+        for wr_id in [plans[1].seq, plans[3].seq + 10, SEQ_LIMIT | plans[2].seq] {
+            let events = ok(&mut tx, wr_id);
+            assert!(matches!(events[..], [TxEvent::Stray { .. }]), "{wr_id}");
+        }
+        assert_eq!(tx.outstanding(), 2);
+        assert!(tx.failure().is_none());
+    }
+
+    #[test]
+    fn an_error_with_an_unknown_id_still_fails_the_endpoint() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        post_n(&mut tx, 0, 3);
+        let events = error(&mut tx, 999);
+        assert_eq!(failed_ids(&events), vec![0, 1, 2]);
+        let e = tx.failure().expect("failed").to_string();
+        assert!(
+            e.contains("an operation failed with work completion status"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_wrong_opcode_is_a_protocol_error() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        let plans = post_n(&mut tx, 0, 3);
+        let mut events = Vec::new();
+        tx.complete(
+            plans[2].seq,
+            &WcStatus::Success,
+            WcOpcode::RdmaRead,
+            &mut events,
+        );
+        // The two before it completed; the one named failed.
+        assert_eq!(done_ids(&events), vec![0, 1]);
+        assert_eq!(failed_ids(&events), vec![2]);
+        let e = tx.failure().expect("failed").to_string();
+        assert!(
+            e.contains("put_bcopy completed with opcode RDMA_READ, expected RDMA_WRITE"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn flush_with_nothing_outstanding_is_done() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        assert_eq!(tx.flush(), Ok(FlushNeed::Done));
+        let plans = post_n(&mut tx, 0, 16);
+        assert_eq!(tx.flush(), Ok(FlushNeed::Wait), "the 16th is signalled");
+        ok(&mut tx, plans[15].seq);
+        assert_eq!(tx.flush(), Ok(FlushNeed::Done));
+    }
+
+    #[test]
+    fn flush_signals_an_unsignalled_tail_and_completes_with_it() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        post_n(&mut tx, 0, 3);
+        assert_eq!(tx.flush(), Ok(FlushNeed::SignalTail));
+        let nop = tx.plan(Signal::Always);
+        tx.post(nop, op(99));
+        assert_eq!(tx.flush(), Ok(FlushNeed::Wait));
+        tx.add_flush("flush 1");
+        tx.add_flush("flush 2");
+        let events = ok(&mut tx, nop.seq);
+        assert_eq!(done_ids(&events), vec![0, 1, 2, 99]);
+        let flushed: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                TxEvent::Flushed(f) => Some(*f),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(flushed, vec!["flush 1", "flush 2"]);
+    }
+
+    #[test]
+    fn low_credits_make_the_tail_signalled() {
+        let mut tx = Tracker::new("rxe0:1", 40);
+        // With 40 credits, posts 1..=15 are unsignalled, the 16th signalled,
+        // then 17..=24 unsignalled until credits reach 16.
+        let plans = post_n(&mut tx, 0, 24);
+        assert!(!plans[23].signalled);
+        assert_eq!(tx.flush(), Ok(FlushNeed::SignalTail));
+        post_n(&mut tx, 24, 16);
+        assert_eq!(tx.flush(), Ok(FlushNeed::Wait), "low credits signal");
+        let mut full = Tracker::new("rxe0:1", 8);
+        let plans = post_n(&mut full, 0, 8);
+        assert!(plans.iter().all(|p| p.signalled));
+        assert_eq!(full.flush(), Ok(FlushNeed::Wait));
+    }
+
+    #[test]
+    fn flush_no_resource_when_the_tail_is_unsignalled_and_no_credit() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        post_n(&mut tx, 0, 3);
+        tx.credits = 0;
+        assert_eq!(tx.flush(), Ok(FlushNeed::NoResource));
+    }
+
+    #[test]
+    fn a_failure_fails_waiting_flushes() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        let plans = post_n(&mut tx, 0, 2);
+        tx.add_flush("waiting");
+        let events = error(&mut tx, plans[0].seq);
+        assert!(events.iter().any(|e| matches!(
+            e,
+            TxEvent::FlushFailed("waiting", UctError::EndpointFailed(_))
+        )));
+        assert_eq!(tx.outstanding(), 0);
+    }
+}
