@@ -10,10 +10,15 @@ use uct_core::{
 };
 
 use super::iface::{MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
-use super::vm::{transfer, Dir};
+use super::vm::{transfer, Direction};
 use super::{records, CmaRkey};
 use crate::host;
 
+/// Local memory of a transfer: (pointer, length) pieces.
+type Pieces = [(*mut u8, usize)];
+
+/// A cma endpoint: the peer's process id; every access reads the peer's
+/// record table, mapped once per rkey.
 pub(crate) struct CmaEp {
     pid: u32,
 }
@@ -32,18 +37,18 @@ impl CmaEp {
                 found: format!("an rkey of process {}", key.pid),
             });
         }
-        let map = match key.mapping.get() {
-            Some(m) => m,
+        let table = match key.mapping.get() {
+            Some(table) => table,
             None => {
-                let m = Arc::new(records::open_table(&key.table, key.soft.region_id)?);
-                let _ = key.mapping.set(m);
+                let table = Arc::new(records::open_table(&key.table, key.soft.region_id)?);
+                let _ = key.mapping.set(table);
                 key.mapping.get().ok_or(UctError::NoSuchRegion {
                     region_id: key.soft.region_id,
                 })?
             }
         };
         records::check(
-            map,
+            table,
             key.index,
             key.soft.region_id,
             key.soft.secret,
@@ -57,36 +62,45 @@ impl CmaEp {
         uct_core::memory::check_size("cma", what, len, max)
     }
 
-    fn pieces(iov: &[Iov<'_>]) -> Result<(Vec<(*mut u8, usize)>, usize)> {
-        let total = check_host_iov(iov, "cma", MAX_IOV, MAX_ZCOPY)?;
-        let v = iov
-            .iter()
-            .map(|e| e.mem.host_ptr(e.offset, e.len).map(|p| (p, e.len)))
-            .collect::<Result<_>>()?;
-        Ok((v, total))
+    /// The iov as pieces, each checked by host_ptr to lie in its handle's
+    /// host memory; valid while the iov borrows the handles.
+    fn pieces(iov: &[Iov<'_>]) -> Result<Vec<(*mut u8, usize)>> {
+        check_host_iov(iov, "cma", MAX_IOV, MAX_ZCOPY)?;
+        iov.iter()
+            .map(|piece| {
+                piece
+                    .mem
+                    .host_ptr(piece.offset, piece.len)
+                    .map(|ptr| (ptr, piece.len))
+            })
+            .collect()
     }
 
-    fn put(
-        &self,
-        pieces: &[(*mut u8, usize)],
-        len: usize,
-        addr: u64,
-        rkey: &RemoteKey,
-    ) -> Result<Status> {
+    /// Writes the pieces to `addr` in the peer, after checking its record.
+    ///
+    /// # Safety
+    /// Every piece must be readable for its length for the whole call.
+    unsafe fn put(&self, pieces: &Pieces, addr: u64, rkey: &RemoteKey) -> Result<Status> {
+        let len = pieces.iter().map(|(_, len)| len).sum();
         self.check(rkey, addr, len, Access::REMOTE_WRITE)?;
-        transfer(self.pid, pieces, addr, Dir::Write)?;
+        // SAFETY: the pieces are readable for the whole call (this
+        // function's contract).
+        unsafe { transfer(self.pid, pieces, addr, Direction::Write) }?;
         Ok(Status::Done)
     }
 
-    fn get(
-        &self,
-        pieces: &[(*mut u8, usize)],
-        len: usize,
-        addr: u64,
-        rkey: &RemoteKey,
-    ) -> Result<Status> {
+    /// Reads from `addr` in the peer into the pieces, after checking its
+    /// record.
+    ///
+    /// # Safety
+    /// Every piece must be writable for its length for the whole call, and
+    /// borrowed by nothing else.
+    unsafe fn get(&self, pieces: &Pieces, addr: u64, rkey: &RemoteKey) -> Result<Status> {
+        let len = pieces.iter().map(|(_, len)| len).sum();
         self.check(rkey, addr, len, Access::REMOTE_READ)?;
-        transfer(self.pid, pieces, addr, Dir::Read)?;
+        // SAFETY: the pieces are writable and unborrowed for the whole call
+        // (this function's contract).
+        unsafe { transfer(self.pid, pieces, addr, Direction::Read) }?;
         Ok(Status::Done)
     }
 
@@ -98,22 +112,15 @@ impl CmaEp {
 impl Endpoint for CmaEp {
     fn put_short(&mut self, data: &[u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status> {
         Self::check_size("put_short", data.len(), MAX_SHORT)?;
-        self.put(
-            &[(data.as_ptr() as *mut u8, data.len())],
-            data.len(),
-            remote_addr,
-            rkey,
-        )
+        // SAFETY: `data` is borrowed, readable, for this call; the pointer
+        // is only read from (process_vm_writev).
+        unsafe { self.put(&[(data.as_ptr() as *mut u8, data.len())], remote_addr, rkey) }
     }
 
     fn put_bcopy(&mut self, data: &[u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status> {
         Self::check_size("put_bcopy", data.len(), MAX_BCOPY)?;
-        self.put(
-            &[(data.as_ptr() as *mut u8, data.len())],
-            data.len(),
-            remote_addr,
-            rkey,
-        )
+        // SAFETY: as in put_short.
+        unsafe { self.put(&[(data.as_ptr() as *mut u8, data.len())], remote_addr, rkey) }
     }
 
     fn put_zcopy(
@@ -123,14 +130,16 @@ impl Endpoint for CmaEp {
         rkey: &RemoteKey,
         _comp: Option<&Completion>,
     ) -> Result<Status> {
-        let (pieces, total) = Self::pieces(iov)?;
-        self.put(&pieces, total, remote_addr, rkey)
+        let pieces = Self::pieces(iov)?;
+        // SAFETY: host_ptr checked each piece inside its handle's host
+        // memory, which the iov borrows for this call.
+        unsafe { self.put(&pieces, remote_addr, rkey) }
     }
 
     fn get_short(&mut self, buf: &mut [u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status> {
         Self::check_size("get_short", buf.len(), MAX_SHORT)?;
-        let len = buf.len();
-        self.get(&[(buf.as_mut_ptr(), len)], len, remote_addr, rkey)
+        // SAFETY: `buf` is exclusively borrowed, writable, for this call.
+        unsafe { self.get(&[(buf.as_mut_ptr(), buf.len())], remote_addr, rkey) }
     }
 
     fn get_bcopy(
@@ -142,9 +151,11 @@ impl Endpoint for CmaEp {
     ) -> Result<Status> {
         Self::check_size("get_bcopy", len, MAX_BCOPY)?;
         let mut buf = vec![0u8; len];
-        let st = self.get(&[(buf.as_mut_ptr(), len)], len, remote_addr, rkey)?;
+        // SAFETY: `buf` is a fresh local buffer of `len` bytes, borrowed by
+        // nothing else during the call.
+        let status = unsafe { self.get(&[(buf.as_mut_ptr(), len)], remote_addr, rkey) }?;
         comp.set_data(CompletionData::Bytes(buf));
-        Ok(st)
+        Ok(status)
     }
 
     fn get_zcopy(
@@ -154,8 +165,11 @@ impl Endpoint for CmaEp {
         rkey: &RemoteKey,
         _comp: Option<&Completion>,
     ) -> Result<Status> {
-        let (pieces, total) = Self::pieces(iov)?;
-        self.get(&pieces, total, remote_addr, rkey)
+        let pieces = Self::pieces(iov)?;
+        // SAFETY: host_ptr checked each piece inside its handle's host
+        // memory, which the iov borrows for this call; the caller lends that
+        // memory to the transport for the get, as zcopy requires.
+        unsafe { self.get(&pieces, remote_addr, rkey) }
     }
 
     fn am_short(&mut self, _id: u8, _header: u64, _payload: &[u8]) -> Result<Status> {

@@ -8,7 +8,7 @@ use std::sync::{Mutex, OnceLock};
 
 use uct_core::{Access, UctError};
 
-use crate::posix::segment::Mapping;
+use crate::segment::Mapping;
 
 /// Records in a table; a registration beyond this is refused.
 pub const CAPACITY: u32 = 65_536;
@@ -25,12 +25,16 @@ pub struct Record {
     access: AtomicU64,
 }
 
+/// Record `index` of a mapped table, if the table holds it.
 fn record_at(map: &Mapping, index: u32) -> Option<&Record> {
-    if index >= CAPACITY {
+    let end = (index as usize + 1) * std::mem::size_of::<Record>();
+    if index >= CAPACITY || end > map.data_len() {
         return None;
     }
-    // SAFETY: the table's data area holds CAPACITY records, page-aligned,
-    // all atomics; index < CAPACITY.
+    // SAFETY: the record ends within the data area (checked above), which
+    // is page-aligned, so every record is aligned for its u64 atomics;
+    // Record is all atomics, so the owner writing it at the same time is no
+    // data race; the borrow is tied to `map`, which keeps it mapped.
     Some(unsafe { &*(map.data_ptr() as *const Record).add(index as usize) })
 }
 
@@ -56,7 +60,9 @@ fn table() -> &'static Mutex<Option<Table>> {
 /// A live registration: its table and slot; dropping it marks it dead.
 #[derive(Debug)]
 pub struct Slot {
+    /// The table's path, for peers (`/proc/<pid>/fd/<fd>`).
     pub table: String,
+    /// The record's index in the table.
     pub index: u32,
 }
 
@@ -74,14 +80,14 @@ pub fn publish(secret: u64, base: u64, len: u64, access: Access) -> Result<Slot,
             next: 0,
         });
     }
-    let t = guard
+    let own = guard
         .as_mut()
         .ok_or_else(|| UctError::NoMemory("cma record table".into()))?;
-    let index = match t.free.pop() {
-        Some(i) => i,
-        None if t.next < CAPACITY => {
-            t.next += 1;
-            t.next - 1
+    let index = match own.free.pop() {
+        Some(free) => free,
+        None if own.next < CAPACITY => {
+            own.next += 1;
+            own.next - 1
         }
         None => {
             return Err(UctError::NoMemory(format!(
@@ -89,15 +95,15 @@ pub fn publish(secret: u64, base: u64, len: u64, access: Access) -> Result<Slot,
             )))
         }
     };
-    let r =
-        record_at(&t.map, index).ok_or_else(|| UctError::NoMemory("cma record table".into()))?;
-    r.secret.store(secret, Ordering::Relaxed);
-    r.base.store(base, Ordering::Relaxed);
-    r.len.store(len, Ordering::Relaxed);
-    r.access.store(access.bits() as u64, Ordering::Relaxed);
-    r.state.store(LIVE, Ordering::Release);
+    let record =
+        record_at(&own.map, index).ok_or_else(|| UctError::NoMemory("cma record table".into()))?;
+    record.secret.store(secret, Ordering::Relaxed);
+    record.base.store(base, Ordering::Relaxed);
+    record.len.store(len, Ordering::Relaxed);
+    record.access.store(access.bits() as u64, Ordering::Relaxed);
+    record.state.store(LIVE, Ordering::Release);
     Ok(Slot {
-        table: t.name.clone(),
+        table: own.name.clone(),
         index,
     })
 }
@@ -105,11 +111,11 @@ pub fn publish(secret: u64, base: u64, len: u64, access: Access) -> Result<Slot,
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut guard = table().lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(t) = guard.as_mut() {
-            if let Some(r) = record_at(&t.map, self.index) {
+        if let Some(own) = guard.as_mut() {
+            if let Some(record) = record_at(&own.map, self.index) {
                 // Peers check the record before every access.
-                r.state.store(DEAD, Ordering::Release);
-                t.free.push(self.index);
+                record.state.store(DEAD, Ordering::Release);
+                own.free.push(self.index);
             }
         }
     }
@@ -125,37 +131,44 @@ pub fn check(
     len: u64,
     needed: Access,
 ) -> Result<(), UctError> {
-    let r = record_at(map, index).ok_or(UctError::NoSuchRegion { region_id })?;
-    if r.state.load(Ordering::Acquire) != LIVE {
+    let record = record_at(map, index).ok_or(UctError::NoSuchRegion { region_id })?;
+    if record.state.load(Ordering::Acquire) != LIVE {
         return Err(UctError::NoSuchRegion { region_id });
     }
-    if r.secret.load(Ordering::Relaxed) != secret {
+    if record.secret.load(Ordering::Relaxed) != secret {
         return Err(UctError::BadSecret);
     }
-    let (base, rlen) = (
-        r.base.load(Ordering::Relaxed),
-        r.len.load(Ordering::Relaxed),
+    let (base, region_len) = (
+        record.base.load(Ordering::Relaxed),
+        record.len.load(Ordering::Relaxed),
     );
     if !(addr >= base
         && addr
             .checked_add(len)
-            .is_some_and(|e| e <= base.saturating_add(rlen)))
+            .is_some_and(|end| end <= base.saturating_add(region_len)))
     {
         return Err(UctError::OutOfRange {
             addr,
             len,
             base,
-            region_len: rlen,
+            region_len,
         });
     }
-    let granted = Access::from_bits_truncate(r.access.load(Ordering::Relaxed) as u8);
+    let granted = Access::from_bits_truncate(record.access.load(Ordering::Relaxed) as u8);
     if !granted.contains(needed) {
         return Err(UctError::AccessDenied { needed, granted });
     }
     Ok(())
 }
 
-/// The table of a peer, mapped.
+/// The table of a peer, mapped. A table smaller than [`CAPACITY`] records
+/// is refused here; [`check`] also refuses a record past its end.
 pub fn open_table(name: &str, region_id: u64) -> Result<Mapping, UctError> {
-    Mapping::open_path(name, region_id)
+    let map = Mapping::open_path(name, region_id)?;
+    if map.data_len() < table_bytes() {
+        return Err(UctError::BadRkey(format!(
+            "{name} is too small to be a cma record table"
+        )));
+    }
+    Ok(map)
 }

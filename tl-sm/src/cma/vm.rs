@@ -7,7 +7,7 @@ use crate::host;
 
 /// Direction of a transfer.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Dir {
+pub enum Direction {
     /// Local pieces to the remote range.
     Write,
     /// The remote range to local pieces.
@@ -29,70 +29,78 @@ fn errno_error(pid: u32, e: std::io::Error) -> UctError {
 
 /// Moves the local pieces (pointer, length) to or from `remote_addr` in
 /// process `pid`, finishing partial transfers.
-pub fn transfer(
+///
+/// # Safety
+/// Every piece must be valid for the whole call: readable for `len` bytes
+/// when writing to the peer, writable (and borrowed by nothing else) when
+/// reading from it.
+pub unsafe fn transfer(
     pid: u32,
     local: &[(*mut u8, usize)],
     remote_addr: u64,
-    dir: Dir,
+    direction: Direction,
 ) -> Result<(), UctError> {
-    let total: usize = local.iter().map(|(_, l)| l).sum();
+    let total: usize = local.iter().map(|(_, len)| len).sum();
     let mut done = 0usize;
     while done < total {
         // Local iovecs from `done` on.
         let mut skip = done;
-        let mut liov: Vec<libc::iovec> = Vec::with_capacity(local.len());
-        for &(p, l) in local {
-            if skip >= l {
-                skip -= l;
+        let mut local_iov: Vec<libc::iovec> = Vec::with_capacity(local.len());
+        for &(ptr, len) in local {
+            if skip >= len {
+                skip -= len;
                 continue;
             }
-            liov.push(libc::iovec {
-                // SAFETY: skip < l keeps the pointer inside the piece.
-                iov_base: unsafe { p.add(skip) } as *mut libc::c_void,
-                iov_len: l - skip,
+            local_iov.push(libc::iovec {
+                // SAFETY: the piece is `len` valid bytes at `ptr` (the
+                // caller's contract) and skip < len, so the result stays
+                // inside it.
+                iov_base: unsafe { ptr.add(skip) } as *mut libc::c_void,
+                iov_len: len - skip,
             });
             skip = 0;
         }
-        let riov = libc::iovec {
+        let remote_iov = libc::iovec {
             iov_base: (remote_addr + done as u64) as *mut libc::c_void,
             iov_len: total - done,
         };
-        // SAFETY: local iovecs point into buffers the caller keeps alive;
-        // the remote iovec names memory in the other process, which the
-        // kernel checks.
-        let n = unsafe {
-            match dir {
-                Dir::Write => libc::process_vm_writev(
+        // SAFETY: the local iovecs lie inside the caller's pieces, valid
+        // for this direction for the whole call (the caller's contract);
+        // `local_iov` and `remote_iov` outlive the call; the remote iovec
+        // names memory in the other process, which the kernel checks.
+        let moved = unsafe {
+            match direction {
+                Direction::Write => libc::process_vm_writev(
                     pid as libc::pid_t,
-                    liov.as_ptr(),
-                    liov.len() as _,
-                    &riov,
+                    local_iov.as_ptr(),
+                    local_iov.len() as _,
+                    &remote_iov,
                     1,
                     0,
                 ),
-                Dir::Read => libc::process_vm_readv(
+                Direction::Read => libc::process_vm_readv(
                     pid as libc::pid_t,
-                    liov.as_ptr(),
-                    liov.len() as _,
-                    &riov,
+                    local_iov.as_ptr(),
+                    local_iov.len() as _,
+                    &remote_iov,
                     1,
                     0,
                 ),
             }
         };
-        if n < 0 {
+        if moved < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
             return Err(errno_error(pid, e));
         }
-        if n == 0 {
+        if moved == 0 {
             return Err(UctError::EndpointFailed(format!(
                 "cma transfer with process {pid} made no progress"
             )));
         }
-        done += n as usize;
+        done += moved as usize;
     }
     Ok(())
 }

@@ -14,10 +14,12 @@ use uct_core::{
 
 use super::fifo::{Push, Ring, SLOT_DATA};
 use super::iface::{SegmentCache, MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
-use super::segment::{Mapping, View};
 use super::PosixRkey;
 use crate::host;
+use crate::segment::{Mapping, View};
 
+/// A posix endpoint: the peer iface's receive ring, the peer's pid, and
+/// the iface's cache of mapped peer segments.
 pub(crate) struct PosixEp {
     ring: Ring,
     pid: u32,
@@ -49,30 +51,31 @@ impl PosixEp {
             return Ok(m);
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let m = match cache.get(&key.segment) {
-            Some(m) if !m.is_dead() => m.clone(),
+        let mapping = match cache.get(&key.segment) {
+            Some(mapping) if !mapping.is_dead() => mapping.clone(),
             _ => {
                 // Not mapped yet, or freed by its owner: opening the name
                 // again fails for a freed segment.
                 cache.remove(&key.segment);
-                let m = Arc::new(Mapping::open(&key.segment, key.soft.region_id)?);
-                cache.insert(key.segment.clone(), m.clone());
-                m
+                let mapping = Arc::new(Mapping::open(&key.segment, key.soft.region_id)?);
+                cache.insert(key.segment.clone(), mapping.clone());
+                mapping
             }
         };
-        let view = m.view(key.soft.secret);
-        let _ = key.mapping.set((m, view));
+        let view = mapping.view(key.soft.secret);
+        let _ = key.mapping.set((mapping, view));
         key.mapping.get().ok_or(UctError::NoSuchRegion {
             region_id: key.soft.region_id,
         })
     }
 
-    /// Checks an access and returns the address in the mapping, which the
-    /// rkey keeps mapped while the caller copies.
+    /// Checks an access and returns the address in this endpoint's mapping
+    /// of the segment: `len` bytes there are inside the mapping, which the
+    /// rkey keeps (it holds an Arc of it) while the caller borrows the rkey.
     fn target(&self, rkey: &RemoteKey, addr: u64, len: usize, needed: Access) -> Result<*mut u8> {
         let key = rkey.downcast::<PosixRkey>("posix")?;
-        let (m, view) = self.mapping(key)?;
-        m.check_view(
+        let (mapping, view) = self.mapping(key)?;
+        mapping.check_view(
             view,
             key.soft.region_id,
             key.soft.secret,
@@ -91,17 +94,23 @@ impl PosixEp {
     }
 
     fn write(&self, data: &[u8], addr: u64, rkey: &RemoteKey) -> Result<Status> {
-        let p = self.target(rkey, addr, data.len(), Access::REMOTE_WRITE)?;
-        // SAFETY: `check` placed [p, p+len) inside the mapping, which the
-        // rkey keeps mapped.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        let dst = self.target(rkey, addr, data.len(), Access::REMOTE_WRITE)?;
+        // SAFETY: `target` checked that [dst, dst + data.len()) lies in this
+        // endpoint's own mapping of the segment, which `rkey` (borrowed for
+        // this call) keeps mapped, even if the owner frees the segment
+        // meanwhile; no Rust borrow covers that mapping, so it does not
+        // overlap `data`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
         Ok(Status::Done)
     }
 
     fn read(&self, out: &mut [u8], addr: u64, rkey: &RemoteKey) -> Result<()> {
-        let p = self.target(rkey, addr, out.len(), Access::REMOTE_READ)?;
-        // SAFETY: as in write.
-        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+        let src = self.target(rkey, addr, out.len(), Access::REMOTE_READ)?;
+        // SAFETY: `target` checked that [src, src + out.len()) lies in this
+        // endpoint's own mapping of the segment, which `rkey` keeps mapped
+        // for this call; `out` is an exclusive borrow, so it does not
+        // overlap that mapping.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
@@ -112,14 +121,14 @@ impl PosixEp {
                 uct_core::iface::AM_ID_MAX
             )));
         }
-        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let total: usize = parts.iter().map(|part| part.len()).sum();
         Self::check_size("active message", total, SLOT_DATA)?;
         if self.ring.mapping().is_dead() {
             return Err(UctError::EndpointFailed(
                 "the posix peer iface was closed".into(),
             ));
         }
-        match self.ring.push(id, parts) {
+        match self.ring.push(id, parts)? {
             Push::Done => Ok(Status::Done),
             Push::Full => {
                 // A full ring of a dead peer stays full: say so.
@@ -131,10 +140,14 @@ impl PosixEp {
 
     fn atomic(&self, op: FetchOp, addr: u64, rkey: &RemoteKey) -> Result<u64> {
         check_aligned(addr, op.width())?;
-        let p = self.target(rkey, addr, op.width(), Access::REMOTE_ATOMIC)?;
-        // SAFETY: a checked, aligned word in a live shared mapping (segment
-        // data is page-aligned in every process).
-        unsafe { fetch_at(p, op) }
+        let word = self.target(rkey, addr, op.width(), Access::REMOTE_ATOMIC)?;
+        // SAFETY: `target` checked that the op.width() bytes at `word` lie
+        // in this endpoint's mapping, kept by `rkey` for this call. The
+        // segment's data is page-aligned in the owner's mapping and in this
+        // one, so `word` has the alignment of the owner's address `addr`,
+        // which check_aligned checked. A word granted REMOTE_ATOMIC is
+        // accessed only atomically.
+        unsafe { fetch_at(word, op) }
     }
 }
 
@@ -157,14 +170,17 @@ impl Endpoint for PosixEp {
         _comp: Option<&Completion>,
     ) -> Result<Status> {
         let total = Self::check_iov(iov, MAX_ZCOPY)?;
-        let p = self.target(rkey, remote_addr, total, Access::REMOTE_WRITE)?;
+        let dst = self.target(rkey, remote_addr, total, Access::REMOTE_WRITE)?;
         let mut at = 0;
-        for e in iov {
-            let src = e.mem.host_ptr(e.offset, e.len)?;
-            // SAFETY: the pieces sum to `total`, which `check` placed inside
-            // the mapping; src is a checked local range.
-            unsafe { std::ptr::copy_nonoverlapping(src, p.add(at), e.len) };
-            at += e.len;
+        for piece in iov {
+            let src = piece.mem.host_ptr(piece.offset, piece.len)?;
+            // SAFETY: the piece lengths sum to `total`, and `target` checked
+            // [dst, dst + total) inside this endpoint's mapping (kept by
+            // `rkey`), so [dst + at, dst + at + piece.len) is inside it;
+            // host_ptr checked piece.len bytes at `src` in the local handle,
+            // which the iov borrows, and no local handle is this mapping.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst.add(at), piece.len) };
+            at += piece.len;
         }
         Ok(Status::Done)
     }
@@ -197,13 +213,18 @@ impl Endpoint for PosixEp {
         _comp: Option<&Completion>,
     ) -> Result<Status> {
         let total = Self::check_iov(iov, MAX_ZCOPY)?;
-        let p = self.target(rkey, remote_addr, total, Access::REMOTE_READ)?;
+        let src = self.target(rkey, remote_addr, total, Access::REMOTE_READ)?;
         let mut at = 0;
-        for e in iov {
-            let dst = e.mem.host_ptr(e.offset, e.len)?;
-            // SAFETY: as in put_zcopy, in the other direction.
-            unsafe { std::ptr::copy_nonoverlapping(p.add(at), dst, e.len) };
-            at += e.len;
+        for piece in iov {
+            let dst = piece.mem.host_ptr(piece.offset, piece.len)?;
+            // SAFETY: the piece lengths sum to `total`, and `target` checked
+            // [src, src + total) inside this endpoint's mapping (kept by
+            // `rkey`), so [src + at, src + at + piece.len) is inside it;
+            // host_ptr checked piece.len writable bytes at `dst` in the local
+            // handle, which the iov borrows, and no local handle is this
+            // mapping.
+            unsafe { std::ptr::copy_nonoverlapping(src.add(at), dst, piece.len) };
+            at += piece.len;
         }
         Ok(Status::Done)
     }
@@ -227,10 +248,12 @@ impl Endpoint for PosixEp {
         Self::check_iov(iov, SLOT_DATA)?;
         let mut parts: Vec<&[u8]> = Vec::with_capacity(iov.len() + 1);
         parts.push(header);
-        for e in iov {
-            let p = e.mem.host_ptr(e.offset, e.len)?;
-            // SAFETY: a checked local host range, alive for this call.
-            parts.push(unsafe { std::slice::from_raw_parts(p, e.len) });
+        for piece in iov {
+            let src = piece.mem.host_ptr(piece.offset, piece.len)?;
+            // SAFETY: host_ptr checked that piece.len bytes at `src` lie in
+            // the handle's host memory; the iov borrows the handle for this
+            // call, and `parts` does not outlive it.
+            parts.push(unsafe { std::slice::from_raw_parts(src, piece.len) });
         }
         self.am(id, &parts)
     }

@@ -4,11 +4,13 @@
 //! fill it, and publish it by storing its sequence number; the consumer
 //! reads slots in order and advances `tail`. No locks on either side.
 
+use std::cell::Cell;
+use std::ptr::addr_of_mut;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use uct_core::UctError;
 
-use super::segment::Mapping;
+use crate::segment::Mapping;
 
 /// Slots in a ring.
 pub const SLOTS: u64 = 256;
@@ -42,94 +44,131 @@ struct Slot {
 }
 
 const HEADER_BYTES: usize = 384;
+// The slots start right after the header, 8-byte aligned like the header.
+const _: () = assert!(std::mem::size_of::<RingHeader>() == HEADER_BYTES);
+const _: () = assert!(std::mem::size_of::<Slot>().is_multiple_of(std::mem::align_of::<Slot>()));
+const _: () = assert!(HEADER_BYTES.is_multiple_of(std::mem::align_of::<Slot>()));
 
 /// Bytes of data a ring needs.
 pub fn ring_bytes() -> usize {
     HEADER_BYTES + SLOTS as usize * std::mem::size_of::<Slot>()
 }
 
-/// A ring in a mapped segment's data area.
+/// A ring in a mapped segment's data area, which holds at least
+/// [`ring_bytes`] bytes (checked when the ring is made).
 pub struct Ring {
     map: Mapping,
     /// Producer side: the last tail seen; the shared one is read again only
     /// when the ring looks full.
-    seen_tail: std::cell::Cell<u64>,
+    seen_tail: Cell<u64>,
 }
 
 /// What a push did.
 pub enum Push {
+    /// The message is in the ring.
     Done,
+    /// Every slot is taken; try again after the consumer drained some.
     Full,
+}
+
+/// The error for a mapping too small to hold a ring.
+fn not_a_ring() -> UctError {
+    UctError::Unreachable("the posix peer address does not name a receive ring".into())
 }
 
 impl Ring {
     /// Initialises a fresh ring in `map` (the owner's side).
-    pub fn init(map: Mapping) -> Ring {
-        let r = Ring {
+    pub fn init(map: Mapping) -> Result<Ring, UctError> {
+        if map.data_len() < ring_bytes() {
+            return Err(UctError::InvalidParam(format!(
+                "posix: a receive ring needs {} bytes, the segment has {}",
+                ring_bytes(),
+                map.data_len()
+            )));
+        }
+        let ring = Ring {
             map,
-            seen_tail: std::cell::Cell::new(0),
+            seen_tail: Cell::new(0),
         };
-        let h = r.header();
-        h.owner_pid
+        let header = ring.header();
+        header
+            .owner_pid
             .store(std::process::id() as u64, Ordering::Relaxed);
-        h.head.store(0, Ordering::Relaxed);
-        h.tail.store(0, Ordering::Relaxed);
-        h.magic.store(MAGIC, Ordering::Release);
-        r
+        header.head.store(0, Ordering::Relaxed);
+        header.tail.store(0, Ordering::Relaxed);
+        header.magic.store(MAGIC, Ordering::Release);
+        Ok(ring)
     }
 
     /// Wraps a peer's mapped ring, checking it is one.
     pub fn attach(map: Mapping) -> Result<Ring, UctError> {
-        let r = Ring {
-            map,
-            seen_tail: std::cell::Cell::new(0),
-        };
-        if r.header().magic.load(Ordering::Acquire) != MAGIC {
-            return Err(UctError::Unreachable(
-                "the posix peer address does not name a receive ring".into(),
-            ));
+        if map.data_len() < ring_bytes() {
+            return Err(not_a_ring());
         }
-        Ok(r)
+        let ring = Ring {
+            map,
+            seen_tail: Cell::new(0),
+        };
+        if ring.header().magic.load(Ordering::Acquire) != MAGIC {
+            return Err(not_a_ring());
+        }
+        Ok(ring)
     }
 
+    /// The segment the ring lives in.
     pub fn mapping(&self) -> &Mapping {
         &self.map
     }
 
     fn header(&self) -> &RingHeader {
-        // SAFETY: the data area holds ring_bytes() bytes starting with the
-        // header, page-aligned; all fields are atomics.
+        // SAFETY: the data area holds at least ring_bytes() bytes (checked
+        // by init and attach), starting with the header; it is page-aligned,
+        // which satisfies RingHeader's alignment; the fields other processes
+        // write are atomics; the mapping lives as long as self.
         unsafe { &*(self.map.data_ptr() as *const RingHeader) }
     }
 
+    /// The slot of position `pos`, as a raw pointer: producers and the
+    /// consumer hand slots to each other through `seq`, so no Rust
+    /// reference to a whole slot is ever made.
     fn slot(&self, pos: u64) -> *mut Slot {
-        let i = (pos % SLOTS) as usize;
-        // SAFETY: i < SLOTS, so the slot lies inside ring_bytes().
+        let index = (pos % SLOTS) as usize;
+        // SAFETY: index < SLOTS, so HEADER_BYTES + (index + 1) * size_of
+        // Slot <= ring_bytes() <= the data area's length: the slot lies
+        // inside the mapping (and is aligned, asserted above).
         unsafe {
             self.map
                 .data_ptr()
-                .add(HEADER_BYTES + i * std::mem::size_of::<Slot>()) as *mut Slot
+                .add(HEADER_BYTES + index * std::mem::size_of::<Slot>()) as *mut Slot
         }
     }
 
+    /// The process that owns (and drains) the ring.
     pub fn owner_pid(&self) -> u32 {
         self.header().owner_pid.load(Ordering::Relaxed) as u32
     }
 
-    /// Producer: copies `parts` (concatenated, at most SLOT_DATA bytes)
-    /// into a slot as active message `id`.
-    pub fn push(&self, id: u8, parts: &[&[u8]]) -> Push {
-        let h = self.header();
+    /// Producer: copies `parts` (concatenated) into a slot as active
+    /// message `id`. More than [`SLOT_DATA`] bytes in all is an error.
+    pub fn push(&self, id: u8, parts: &[&[u8]]) -> Result<Push, UctError> {
+        let total: usize = parts.iter().map(|part| part.len()).sum();
+        if total > SLOT_DATA {
+            return Err(UctError::InvalidParam(format!(
+                "posix: an active message of {total} bytes does not fit a ring slot ({SLOT_DATA} bytes)"
+            )));
+        }
+        let header = self.header();
         let pos = loop {
-            let head = h.head.load(Ordering::Acquire);
+            let head = header.head.load(Ordering::Acquire);
             if head.wrapping_sub(self.seen_tail.get()) >= SLOTS {
-                let tail = h.tail.load(Ordering::Acquire);
+                let tail = header.tail.load(Ordering::Acquire);
                 self.seen_tail.set(tail);
                 if head.wrapping_sub(tail) >= SLOTS {
-                    return Push::Full;
+                    return Ok(Push::Full);
                 }
             }
-            if h.head
+            if header
+                .head
                 .compare_exchange_weak(head, head + 1, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
@@ -137,47 +176,55 @@ impl Ring {
             }
         };
         let slot = self.slot(pos);
+        // SAFETY: `slot` points at a slot inside the mapping (see `slot`);
+        // addr_of_mut makes no reference to it.
+        let data = unsafe { addr_of_mut!((*slot).data) } as *mut u8;
         let mut at = 0usize;
-        for p in parts {
-            // SAFETY: this producer owns the claimed slot until it publishes
-            // it; callers keep the total within SLOT_DATA.
-            unsafe {
-                let dst = (*slot).data.as_mut_ptr().add(at);
-                std::ptr::copy_nonoverlapping(p.as_ptr(), dst, p.len());
-            }
-            at += p.len();
+        for part in parts {
+            // SAFETY: this producer claimed position `pos` with the CAS
+            // above, so it alone writes the slot until it publishes `seq`;
+            // at + part.len() <= total <= SLOT_DATA keeps the copy inside
+            // the slot's data; `part` is a caller's slice, not in the ring.
+            unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), data.add(at), part.len()) };
+            at += part.len();
         }
-        // SAFETY: as above; the fields are atomics in shared memory.
-        unsafe {
-            (*slot).len.store(at as u64, Ordering::Relaxed);
-            (*slot).id.store(id as u64, Ordering::Relaxed);
-            (*slot).seq.store(pos + 1, Ordering::Release);
-        }
-        Push::Done
+        // SAFETY: `slot` is inside the mapping and aligned; its fields are
+        // atomics, so shared references to them are sound even while the
+        // consumer reads them.
+        let (len, msg_id, seq) = unsafe { (&(*slot).len, &(*slot).id, &(*slot).seq) };
+        len.store(at as u64, Ordering::Relaxed);
+        msg_id.store(id as u64, Ordering::Relaxed);
+        seq.store(pos + 1, Ordering::Release);
+        Ok(Push::Done)
     }
 
     /// Consumer: hands each published message to `f`, in order; returns how
     /// many. The slot is released after `f` returns, so `f` reads it in place.
     pub fn drain(&self, mut f: impl FnMut(u8, &[u8])) -> usize {
-        let h = self.header();
-        let mut n = 0;
+        let header = self.header();
+        let mut drained = 0;
         loop {
-            let pos = h.tail.load(Ordering::Relaxed);
+            let pos = header.tail.load(Ordering::Relaxed);
             let slot = self.slot(pos);
-            // SAFETY: slots are inside the ring; seq is atomic.
-            if unsafe { (*slot).seq.load(Ordering::Acquire) } != pos + 1 {
-                return n;
+            // SAFETY: `slot` is inside the mapping and aligned; seq is an
+            // atomic.
+            if unsafe { &(*slot).seq }.load(Ordering::Acquire) != pos + 1 {
+                return drained;
             }
-            // SAFETY: the producer published the slot (Acquire above) and
-            // will not touch it until tail moves past it.
+            // SAFETY: the producer published the slot (the Acquire load of
+            // seq above pairs with its Release store), and no producer
+            // claims it again until tail moves past it, which happens after
+            // `f` returns: the data is not written while the slice lives.
+            // len is clamped to SLOT_DATA, so the slice stays in the slot.
             let (id, data) = unsafe {
                 let len = ((*slot).len.load(Ordering::Relaxed) as usize).min(SLOT_DATA);
                 let id = (*slot).id.load(Ordering::Relaxed) as u8;
-                (id, std::slice::from_raw_parts((*slot).data.as_ptr(), len))
+                let data = addr_of_mut!((*slot).data) as *const u8;
+                (id, std::slice::from_raw_parts(data, len))
             };
             f(id, data);
-            h.tail.store(pos + 1, Ordering::Release);
-            n += 1;
+            header.tail.store(pos + 1, Ordering::Release);
+            drained += 1;
         }
     }
 }

@@ -5,21 +5,21 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use uct_core::{
-    AmHandler, AmMessage, Caps, Endpoint, EpParams, Iface, IfaceAttrs, MemoryDomain, MemoryType,
+    AmHandler, AmHandlers, Caps, Endpoint, EpParams, Iface, IfaceAttrs, MemoryDomain, MemoryType,
     Result, SizeLimits, UctError,
 };
 
+use super::component::TRANSPORT_NAME;
 use super::ep::PosixEp;
 use super::fifo::{self, Ring, SLOT_DATA};
-use super::segment::{self, Mapping};
 use crate::host;
+use crate::segment::{self, Mapping};
 
 pub(crate) const MAX_SHORT: usize = SLOT_DATA;
 pub(crate) const MAX_BCOPY: usize = 64 * 1024;
 pub(crate) const MAX_ZCOPY: usize = 1 << 30;
 pub(crate) const MAX_IOV: usize = 16;
 pub(crate) const MAX_AM_HEADER: usize = 256;
-const AM_IDS: usize = uct_core::iface::AM_ID_MAX;
 
 /// Peer segments mapped so far, by name.
 pub(crate) type SegmentCache = Arc<Mutex<HashMap<String, Arc<Mapping>>>>;
@@ -68,13 +68,15 @@ fn attrs() -> IfaceAttrs {
     }
 }
 
-/// A posix iface.
+/// A posix iface: the receive ring its peers push active messages into
+/// (a segment named by its iface address), its handlers, and the peer
+/// segments its endpoints have mapped.
 pub struct PosixIface {
     md: Arc<dyn MemoryDomain>,
     ring: Ring,
     ring_name: String,
     attrs: IfaceAttrs,
-    handlers: Vec<Option<AmHandler>>,
+    handlers: AmHandlers,
     cache: SegmentCache,
 }
 
@@ -86,13 +88,14 @@ impl PosixIface {
             host::random_u64(),
             host::random_u64()
         );
-        let map = Mapping::create(&ring_name, fifo::ring_bytes(), 0, uct_core::Access::empty())?;
+        let mapping =
+            Mapping::create(&ring_name, fifo::ring_bytes(), 0, uct_core::Access::empty())?;
         Ok(PosixIface {
             md,
-            ring: Ring::init(map),
+            ring: Ring::init(mapping)?,
             ring_name,
             attrs: attrs(),
-            handlers: (0..AM_IDS).map(|_| None).collect(),
+            handlers: AmHandlers::new(TRANSPORT_NAME),
             cache: Arc::default(),
         })
     }
@@ -107,7 +110,7 @@ impl Drop for PosixIface {
 
 impl Iface for PosixIface {
     fn transport(&self) -> &str {
-        "posix"
+        TRANSPORT_NAME
     }
 
     fn device(&self) -> &str {
@@ -153,13 +156,13 @@ impl Iface for PosixIface {
         }
         let name = std::str::from_utf8(&iface_addr)
             .map_err(|_| UctError::InvalidParam("not a posix iface address".into()))?;
-        let map = Mapping::open(name, 0).map_err(|e| match e {
+        let mapping = Mapping::open(name, 0).map_err(|e| match e {
             UctError::NoSuchRegion { .. } => {
                 UctError::Unreachable(format!("posix peer iface {name} is closed"))
             }
             other => other,
         })?;
-        let ring = Ring::attach(map)?;
+        let ring = Ring::attach(mapping)?;
         if ring.owner_pid() != pid {
             return Err(UctError::Unreachable(
                 "the posix peer address names another process".into(),
@@ -169,23 +172,15 @@ impl Iface for PosixIface {
     }
 
     fn set_am_handler(&mut self, id: u8, handler: AmHandler) -> Result<()> {
-        let slot = self.handlers.get_mut(id as usize).ok_or_else(|| {
-            UctError::InvalidParam(format!("active message id {id} is not below {AM_IDS}"))
-        })?;
-        *slot = Some(handler);
-        Ok(())
+        self.handlers.set(id, handler)
     }
 
     fn progress(&mut self) -> usize {
+        // The ring and the handlers are separate fields: the drain closure
+        // borrows only the handlers.
         let handlers = &mut self.handlers;
-        self.ring.drain(
-            |id, data| match handlers.get_mut(id as usize).and_then(Option::as_mut) {
-                Some(h) => h(AmMessage { id, data }),
-                None => log::warn!(
-                    "posix: dropped active message {id} ({} bytes): no handler set",
-                    data.len()
-                ),
-            },
-        )
+        self.ring.drain(|id, data| {
+            handlers.deliver(id, data);
+        })
     }
 }

@@ -1,0 +1,39 @@
+//! What the rkeys of both sm transports share: they begin with a
+//! [`SoftRkey`] (region id, secret, the owner's range and rights), and are
+//! refused at unpacking when that range wraps around the address space.
+
+use std::any::Any;
+
+use serde::de::DeserializeOwned;
+use uct_core::region_table::SoftRkey;
+use uct_core::rkey::decode_payload;
+use uct_core::{Access, RemoteKey, Result, RkeyEntry, UctError};
+
+/// An sm rkey's payload.
+pub(crate) trait SmRkey: DeserializeOwned + Any + Send + Sync {
+    /// The part every software transport's rkey has.
+    fn soft(&self) -> &SoftRkey;
+}
+
+/// Decodes an rkey of memory domain `entry.md` of component `component`.
+pub(crate) fn unpack<K: SmRkey>(component: &str, entry: &RkeyEntry) -> Result<RemoteKey> {
+    let key: K = decode_payload(&entry.payload)?;
+    if key.soft().base.checked_add(key.soft().len).is_none() {
+        return Err(UctError::BadRkey(
+            "region wraps around the address space".into(),
+        ));
+    }
+    Ok(RemoteKey::new(component, entry.md.clone(), Box::new(key)))
+}
+
+/// A new key for `len` bytes at `base` with rights `access`, protected by
+/// `secret`, under a fresh random region id.
+pub(crate) fn new_soft_key(secret: u64, base: u64, len: usize, access: Access) -> SoftRkey {
+    SoftRkey {
+        region_id: crate::host::random_u64() >> 16,
+        secret,
+        base,
+        len: len as u64,
+        access,
+    }
+}
