@@ -428,17 +428,7 @@ impl Connection {
             FlushNeed::Done => return Ok(uct_core::Status::Done),
             FlushNeed::NoResource => return Ok(uct_core::Status::NoResource),
             FlushNeed::Wait => {}
-            FlushNeed::SignalTail => {
-                // An empty signalled send that the peer drops.
-                let mut wr = empty_wr(ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, &mut []);
-                wr.imm_data_invalidated_rkey_union.imm_data = Immediate::Nop.encode().to_be();
-                let data = OpData {
-                    delivery: Delivery::Nothing,
-                    seg: None,
-                    _keep: Vec::new(),
-                };
-                self.post(&mut wr, data, WcOpcode::Send, "flush", true)?;
-            }
+            FlushNeed::SignalTail => self.post_nop()?,
         }
         if let Some(c) = comp {
             c.start();
@@ -463,23 +453,4 @@ impl Connection {
         self.connected = true;
         Ok(())
     }
-}
-
-/// A send work request of `opcode` over `sges`, to fill in.
-pub(crate) fn empty_wr(opcode: ibv_wr_opcode::Type, sges: &mut [ibv_sge]) -> ibv_send_wr {
-    // SAFETY: ibv_send_wr is plain C data (integers, pointers that may be
-    // null, unions of integers): all zeroes is valid, filled in below.
-    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-    wr.opcode = opcode;
-    wr.sg_list = sges.as_mut_ptr();
-    wr.num_sge = sges.len() as i32;
-    wr
-}
-
-/// Sets the remote address and key of an RDMA write or read.
-pub(crate) fn set_rdma(wr: &mut ibv_send_wr, addr: u64, rkey: u32) {
-    wr.wr.rdma = rdma_t {
-        remote_addr: addr,
-        rkey,
-    };
 }

@@ -5,7 +5,8 @@
 //! The files, as in every transport: `component.rs` (the component and its
 //! configuration), `md.rs` (the memory domain), `iface.rs`, `ep.rs`; and
 //! for rc: `tx.rs` (the send side as a state machine without verbs),
-//! `conn.rs` (the endpoint's verbs I/O), `qp.rs` (completion queues and
+//! `conn.rs` (the endpoint's verbs I/O and completions), `post.rs` (building
+//! each kind of work request), `qp.rs` (completion queues and
 //! queue pairs) and `wire.rs` (addresses and immediate data).
 
 pub mod component;
@@ -13,6 +14,7 @@ mod conn;
 mod ep;
 pub mod iface;
 pub mod md;
+mod post;
 mod qp;
 pub mod tx;
 pub mod wire;

@@ -1,0 +1,344 @@
+//! Building and posting each kind of work request: copies through inline
+//! data or a bounce segment, zero-copy RDMA and sends, RDMA reads into a
+//! bounce segment, atomics. The endpoint checks the arguments first.
+
+use md_ib::IbMd;
+use rdma_sys::*;
+use uct_core::{
+    Access, Completion, Iov, MemHandle, MemoryDomain, MemoryType, Result, Status, UctError,
+};
+
+use crate::conn::{Connection, Delivery, OpData, MAX_IOV};
+use crate::tx::WcOpcode;
+use crate::wire::Immediate;
+
+/// How an RDMA operation of each direction is posted and checked.
+pub(crate) struct RdmaDirection {
+    pub opcode: ibv_wr_opcode::Type,
+    pub expect: WcOpcode,
+    pub needed: Access,
+    pub what: &'static str,
+}
+
+/// put_zcopy.
+pub(crate) const RDMA_WRITE: RdmaDirection = RdmaDirection {
+    opcode: ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+    expect: WcOpcode::RdmaWrite,
+    needed: Access::REMOTE_WRITE,
+    what: "put_zcopy",
+};
+
+/// get_zcopy.
+pub(crate) const RDMA_READ: RdmaDirection = RdmaDirection {
+    opcode: ibv_wr_opcode::IBV_WR_RDMA_READ,
+    expect: WcOpcode::RdmaRead,
+    needed: Access::REMOTE_READ,
+    what: "get_zcopy",
+};
+
+/// A verbs atomic: its opcode and operands, and where.
+pub(crate) struct AtomicOp {
+    pub opcode: ibv_wr_opcode::Type,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+/// The SGEs of an iov list of memory registered with `md` (or host memory
+/// it registered), the handles to keep alive until the completion, and the
+/// total length.
+pub(crate) fn iov_sges(
+    md: &IbMd,
+    iov: &[Iov<'_>],
+) -> Result<(Vec<ibv_sge>, Vec<MemHandle>, usize)> {
+    if iov.len() > MAX_IOV {
+        return Err(UctError::InvalidParam(format!(
+            "{} iov entries, rc takes at most {MAX_IOV}",
+            iov.len()
+        )));
+    }
+    let mut sges = Vec::with_capacity(iov.len());
+    let mut keep = Vec::with_capacity(iov.len());
+    let mut total = 0usize;
+    for entry in iov {
+        let mem = entry.mem;
+        if mem.mem_type() != MemoryType::Host && mem.md_name() != md.name() {
+            return Err(UctError::MemoryTypeUnsupported {
+                mem_type: mem.mem_type(),
+                owner: "transport rc".into(),
+                hint: format!(
+                    "register it with the NIC first (its MD {} registers DMA-buf fds{})",
+                    md.name(),
+                    if md.supports_dmabuf() {
+                        ""
+                    } else {
+                        ", but this NIC cannot import DMA-buf"
+                    }
+                ),
+            });
+        }
+        mem.check_range(entry.offset, entry.len)?;
+        sges.push(ibv_sge {
+            addr: mem.addr() + entry.offset as u64,
+            length: entry.len as u32,
+            lkey: md.lkey_of(mem)?,
+        });
+        keep.push(mem.clone());
+        total += entry.len;
+    }
+    Ok((sges, keep, total))
+}
+
+impl Connection {
+    /// A put or AM send of `parts`: inline when `inline`, else copied into
+    /// a bounce segment. Done as soon as it is posted.
+    pub(crate) fn post_copy(
+        &mut self,
+        opcode: ibv_wr_opcode::Type,
+        parts: &[&[u8]],
+        remote: Option<(u64, u32)>,
+        am_id: Option<u8>,
+        what: &'static str,
+        inline: bool,
+    ) -> Result<Status> {
+        if !self.ready()? {
+            return Ok(Status::NoResource);
+        }
+        let expect = if opcode == ibv_wr_opcode::IBV_WR_RDMA_WRITE {
+            WcOpcode::RdmaWrite
+        } else {
+            WcOpcode::Send
+        };
+        // On the stack: no allocation per message.
+        let mut sges = [ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; MAX_IOV];
+        let (count, seg) = if inline {
+            for (sge, part) in sges.iter_mut().zip(parts) {
+                sge.addr = part.as_ptr() as u64;
+                sge.length = part.len() as u32;
+            }
+            (parts.len().min(MAX_IOV), None)
+        } else {
+            let Some(seg) = self.take_seg() else {
+                return Ok(Status::NoResource);
+            };
+            let mut at = 0;
+            for part in parts {
+                if let Err(e) = self.write_seg(seg, at, part) {
+                    self.give_seg(seg);
+                    return Err(e);
+                }
+                at += part.len();
+            }
+            sges[0] = ibv_sge {
+                addr: self.seg_addr(seg),
+                length: at as u32,
+                lkey: self.bounce_lkey,
+            };
+            (1, Some(seg))
+        };
+        let mut wr = empty_wr(opcode, &mut sges[..count]);
+        if inline {
+            wr.send_flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        if let Some((addr, rkey)) = remote {
+            set_rdma(&mut wr, addr, rkey);
+        }
+        if let Some(id) = am_id {
+            set_imm(&mut wr, Immediate::ActiveMessage(id));
+        }
+        let data = OpData {
+            delivery: Delivery::Nothing,
+            seg,
+            _keep: Vec::new(),
+        };
+        self.post(&mut wr, data, expect, what, false)?;
+        Ok(Status::Done)
+    }
+
+    /// An RDMA read of `len` bytes into a bounce segment; `comp` gets them.
+    pub(crate) fn post_get_bcopy(
+        &mut self,
+        len: usize,
+        remote_addr: u64,
+        rkey: u32,
+        comp: &Completion,
+    ) -> Result<Status> {
+        if !self.ready()? {
+            return Ok(Status::NoResource);
+        }
+        let Some(seg) = self.take_seg() else {
+            return Ok(Status::NoResource);
+        };
+        let mut sges = [ibv_sge {
+            addr: self.seg_addr(seg),
+            length: len as u32,
+            lkey: self.bounce_lkey,
+        }];
+        let mut wr = empty_wr(ibv_wr_opcode::IBV_WR_RDMA_READ, &mut sges);
+        set_rdma(&mut wr, remote_addr, rkey);
+        comp.start();
+        let data = OpData {
+            delivery: Delivery::Bytes(comp.clone()),
+            seg: Some(seg),
+            _keep: Vec::new(),
+        };
+        self.post(&mut wr, data, WcOpcode::RdmaRead, "get_bcopy", false)?;
+        Ok(Status::InProgress)
+    }
+
+    /// A zero-copy RDMA write or read of `sges` (memory kept alive by
+    /// `keep`) to or from `remote` (address and rkey).
+    pub(crate) fn post_rdma_zcopy(
+        &mut self,
+        direction: &RdmaDirection,
+        sges: &mut [ibv_sge],
+        keep: Vec<MemHandle>,
+        remote: (u64, u32),
+        comp: Option<&Completion>,
+    ) -> Result<Status> {
+        if !self.ready()? {
+            return Ok(Status::NoResource);
+        }
+        let mut wr = empty_wr(direction.opcode, sges);
+        set_rdma(&mut wr, remote.0, remote.1);
+        if let Some(c) = comp {
+            c.start();
+        }
+        let data = OpData {
+            delivery: Delivery::Complete(comp.cloned()),
+            seg: None,
+            _keep: keep,
+        };
+        self.post(&mut wr, data, direction.expect, direction.what, false)?;
+        Ok(Status::InProgress)
+    }
+
+    /// An active message: `header` through a bounce segment, then the
+    /// iov's `sges` without copy (memory kept alive by `keep`).
+    pub(crate) fn post_am_zcopy(
+        &mut self,
+        id: u8,
+        header: &[u8],
+        iov_sges: Vec<ibv_sge>,
+        keep: Vec<MemHandle>,
+        comp: Option<&Completion>,
+    ) -> Result<Status> {
+        if !self.ready()? {
+            return Ok(Status::NoResource);
+        }
+        let Some(seg) = self.take_seg() else {
+            return Ok(Status::NoResource);
+        };
+        if let Err(e) = self.write_seg(seg, 0, header) {
+            self.give_seg(seg);
+            return Err(e);
+        }
+        let mut sges = Vec::with_capacity(iov_sges.len() + 1);
+        sges.push(ibv_sge {
+            addr: self.seg_addr(seg),
+            length: header.len() as u32,
+            lkey: self.bounce_lkey,
+        });
+        sges.extend(iov_sges);
+        let mut wr = empty_wr(ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, &mut sges);
+        set_imm(&mut wr, Immediate::ActiveMessage(id));
+        if let Some(c) = comp {
+            c.start();
+        }
+        let data = OpData {
+            delivery: Delivery::Complete(comp.cloned()),
+            seg: Some(seg),
+            _keep: keep,
+        };
+        self.post(&mut wr, data, WcOpcode::Send, "am_zcopy", false)?;
+        Ok(Status::InProgress)
+    }
+
+    /// A verbs atomic on 8 remote bytes; the old value lands in a bounce
+    /// segment, and goes to `fetch` when there is one.
+    pub(crate) fn post_atomic(
+        &mut self,
+        atomic: &AtomicOp,
+        fetch: Option<&Completion>,
+    ) -> Result<Status> {
+        if !self.ready()? {
+            return Ok(Status::NoResource);
+        }
+        let Some(seg) = self.take_seg() else {
+            return Ok(Status::NoResource);
+        };
+        let mut sges = [ibv_sge {
+            addr: self.seg_addr(seg),
+            length: 8,
+            lkey: self.bounce_lkey,
+        }];
+        let mut wr = empty_wr(atomic.opcode, &mut sges);
+        wr.wr.atomic = atomic_t {
+            remote_addr: atomic.remote_addr,
+            compare_add: atomic.compare_add,
+            swap: atomic.swap,
+            rkey: atomic.rkey,
+        };
+        let expect = if atomic.opcode == ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP {
+            WcOpcode::CompareSwap
+        } else {
+            WcOpcode::FetchAdd
+        };
+        let delivery = match fetch {
+            Some(c) => {
+                c.start();
+                Delivery::Value(c.clone())
+            }
+            None => Delivery::Nothing,
+        };
+        let data = OpData {
+            delivery,
+            seg: Some(seg),
+            _keep: Vec::new(),
+        };
+        self.post(&mut wr, data, expect, "an atomic", false)?;
+        Ok(Status::InProgress)
+    }
+
+    /// An empty signalled send that the peer drops: makes the completion of
+    /// everything posted before it visible, for a flush.
+    pub(crate) fn post_nop(&mut self) -> Result<()> {
+        let mut wr = empty_wr(ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, &mut []);
+        set_imm(&mut wr, Immediate::Nop);
+        let data = OpData {
+            delivery: Delivery::Nothing,
+            seg: None,
+            _keep: Vec::new(),
+        };
+        self.post(&mut wr, data, WcOpcode::Send, "flush", true)
+    }
+}
+
+/// A send work request of `opcode` over `sges`, to fill in.
+fn empty_wr(opcode: ibv_wr_opcode::Type, sges: &mut [ibv_sge]) -> ibv_send_wr {
+    // SAFETY: ibv_send_wr is plain C data (integers, pointers that may be
+    // null, unions of integers): all zeroes is valid, filled in below.
+    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.opcode = opcode;
+    wr.sg_list = sges.as_mut_ptr();
+    wr.num_sge = sges.len() as i32;
+    wr
+}
+
+/// Sets the remote address and key of an RDMA write or read.
+fn set_rdma(wr: &mut ibv_send_wr, addr: u64, rkey: u32) {
+    wr.wr.rdma = rdma_t {
+        remote_addr: addr,
+        rkey,
+    };
+}
+
+/// Sets the immediate data of a send, in network order as verbs wants it.
+fn set_imm(wr: &mut ibv_send_wr, imm: Immediate) {
+    wr.imm_data_invalidated_rkey_union.imm_data = imm.encode().to_be();
+}
