@@ -7,7 +7,7 @@ use std::any::Any;
 use serde::de::DeserializeOwned;
 use uct_core::region_table::SoftRkey;
 use uct_core::rkey::decode_payload;
-use uct_core::{Access, RemoteKey, Result, RkeyEntry, UctError};
+use uct_core::{Access, MemHandle, RemoteKey, Result, RkeyEntry, UctError};
 
 /// An sm rkey's payload.
 pub(crate) trait SmRkey: DeserializeOwned + Any + Send + Sync {
@@ -24,6 +24,22 @@ pub(crate) fn unpack<K: SmRkey>(component: &str, entry: &RkeyEntry) -> Result<Re
         ));
     }
     Ok(RemoteKey::new(component, entry.md.clone(), Box::new(key)))
+}
+
+/// The backing of `mem` as memory domain `md_name`'s type `B`, for packing
+/// its rkey; a handle of another MD is an error that says to `how` (allocate
+/// or register) the memory with `md_name`.
+pub(crate) fn backing_of<'mem, B: 'static>(
+    mem: &'mem MemHandle,
+    md_name: &str,
+    how: &str,
+) -> Result<&'mem B> {
+    mem.backing().as_any().downcast_ref::<B>().ok_or_else(|| {
+        UctError::InvalidParam(format!(
+            "memory handle belongs to memory domain {}, not {md_name}; {how} it with {md_name}",
+            mem.md_name()
+        ))
+    })
 }
 
 /// A new key for `len` bytes at `base` with rights `access`, protected by

@@ -253,17 +253,12 @@ impl Mapping {
                 )),
                 _ => UctError::io(format!("open {path}"), e),
             })?;
-        let size = size_of_fd(fd.as_fd()).map_err(|e| UctError::io("stat a peer's segment", e))?;
-        if size < HEADER_SPACE {
-            return Err(UctError::BadRkey(format!(
-                "{path} is too small to be a uct segment"
-            )));
-        }
-        let mapping = Mapping::map(fd.as_fd(), size, "map a peer's segment")?;
-        if mapping.header().magic.load(Ordering::Acquire) != MAGIC {
-            return Err(UctError::BadRkey(format!("{path} is not a uct segment")));
-        }
-        Ok(mapping)
+        Mapping::map_existing(
+            fd.as_fd(),
+            ["stat a peer's segment", "map a peer's segment"],
+            path,
+            path,
+        )
     }
 
     /// Maps an existing segment by name; a missing one was deregistered.
@@ -280,16 +275,35 @@ impl Mapping {
                 }
             },
         )?;
-        let size = size_of_fd(fd.as_fd()).map_err(|e| UctError::io("posix: stat a segment", e))?;
+        // The mapping keeps the segment; the descriptor is closed on return.
+        Mapping::map_existing(
+            fd.as_fd(),
+            ["posix: stat a segment", "posix: map a peer's segment"],
+            &format!("segment {name}"),
+            name,
+        )
+    }
+
+    /// Maps the whole existing segment behind `fd` after checking that it
+    /// is one: large enough for the header, with the magic. `what` says what
+    /// failed for the stat and the map; `sized` and `named` name the
+    /// segment in the errors for its size and its magic.
+    fn map_existing(
+        fd: BorrowedFd<'_>,
+        what: [&str; 2],
+        sized: &str,
+        named: &str,
+    ) -> Result<Mapping, UctError> {
+        let [stat_what, map_what] = what;
+        let size = size_of_fd(fd).map_err(|e| UctError::io(stat_what, e))?;
         if size < HEADER_SPACE {
             return Err(UctError::BadRkey(format!(
-                "segment {name} is too small to be a uct segment"
+                "{sized} is too small to be a uct segment"
             )));
         }
-        // The mapping keeps the segment; the descriptor is closed on return.
-        let mapping = Mapping::map(fd.as_fd(), size, "posix: map a peer's segment")?;
+        let mapping = Mapping::map(fd, size, map_what)?;
         if mapping.header().magic.load(Ordering::Acquire) != MAGIC {
-            return Err(UctError::BadRkey(format!("{name} is not a uct segment")));
+            return Err(UctError::BadRkey(format!("{named} is not a uct segment")));
         }
         Ok(mapping)
     }

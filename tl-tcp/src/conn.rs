@@ -145,7 +145,9 @@ impl Conn {
         let data_len = match &payload {
             Payload::None => 0,
             Payload::Bytes(b) => b.len(),
-            Payload::Iov(p, v) => p.len() + v.iter().map(|(_, _, l)| l).sum::<usize>(),
+            Payload::Iov(prefix, pieces) => {
+                prefix.len() + pieces.iter().map(|(_, _, len)| len).sum::<usize>()
+            }
         };
         let head = wire::encode(header, data_len)?;
         let total = head.len() + data_len;
@@ -161,9 +163,9 @@ impl Conn {
         if self.sendq.is_empty() {
             return Ok(true);
         }
-        if let (Some(c), Some(last)) = (comp, self.sendq.back_mut()) {
-            c.start();
-            last.comp = Some(c.clone());
+        if let (Some(comp), Some(last)) = (comp, self.sendq.back_mut()) {
+            comp.start();
+            last.comp = Some(comp.clone());
         }
         Ok(false)
     }
@@ -256,8 +258,8 @@ impl Conn {
         let mut iov: Vec<libc::iovec> = Vec::with_capacity(IOV_BATCH);
         while !self.sendq.is_empty() {
             iov.clear();
-            for o in self.sendq.iter() {
-                o.pieces(&mut iov);
+            for outgoing in self.sendq.iter() {
+                outgoing.pieces(&mut iov);
                 if iov.len() >= IOV_BATCH {
                     break;
                 }
@@ -287,28 +289,28 @@ impl Conn {
                     _ => return Err(peer_error("send", &self.peer(), e)),
                 }
             }
-            let mut n = n as usize;
-            total += n;
-            self.queued = self.queued.saturating_sub(n);
-            while n > 0 {
+            let mut sent = n as usize;
+            total += sent;
+            self.queued = self.queued.saturating_sub(sent);
+            while sent > 0 {
                 let Some(front) = self.sendq.front_mut() else {
                     break;
                 };
                 let left = front.total - front.written;
-                if n >= left {
-                    n -= left;
-                    if let Some(c) = self.sendq.pop_front().and_then(|o| o.comp) {
-                        c.finish(Ok(()));
+                if sent >= left {
+                    sent -= left;
+                    if let Some(comp) = self.sendq.pop_front().and_then(|outgoing| outgoing.comp) {
+                        comp.finish(Ok(()));
                     }
                 } else {
-                    front.written += n;
-                    n = 0;
+                    front.written += sent;
+                    sent = 0;
                 }
             }
             // Zero-length frames are complete at once.
             while self.sendq.front().is_some_and(|o| o.total == o.written) {
-                if let Some(c) = self.sendq.pop_front().and_then(|o| o.comp) {
-                    c.finish(Ok(()));
+                if let Some(comp) = self.sendq.pop_front().and_then(|outgoing| outgoing.comp) {
+                    comp.finish(Ok(()));
                 }
             }
         }
@@ -435,9 +437,9 @@ impl Conn {
 
     /// Fails every queued frame's completion.
     pub fn fail_queued(&mut self, err: &UctError) {
-        for o in self.sendq.drain(..) {
-            if let Some(c) = o.comp {
-                c.finish(Err(err.clone()));
+        for outgoing in self.sendq.drain(..) {
+            if let Some(comp) = outgoing.comp {
+                comp.finish(Err(err.clone()));
             }
         }
         self.queued = 0;
@@ -453,7 +455,7 @@ fn setsockopt(
 ) -> Result<(), UctError> {
     // SAFETY: the fd is a live socket owned by `stream`; the option value is
     // an int of the size passed.
-    let r = unsafe {
+    let status = unsafe {
         libc::setsockopt(
             stream.as_raw_fd(),
             level,
@@ -462,7 +464,7 @@ fn setsockopt(
             std::mem::size_of::<i32>() as libc::socklen_t,
         )
     };
-    if r != 0 {
+    if status != 0 {
         return Err(UctError::io(
             format!("tcp: set {what}"),
             std::io::Error::last_os_error(),

@@ -235,7 +235,9 @@ impl Iface for TcpIface {
         match parse_addr(device_addr, iface_addr) {
             // Loopback reaches only loopback; other addresses are assumed
             // routable (the connect will tell).
-            Some(a) => a.ip().is_loopback() == self.dev.addr.is_loopback() || !a.ip().is_loopback(),
+            Some(peer) => {
+                peer.ip().is_loopback() == self.dev.addr.is_loopback() || !peer.ip().is_loopback()
+            }
             None => false,
         }
     }

@@ -16,7 +16,7 @@ use uct_core::{
 };
 
 use super::records;
-use crate::rkey::{new_soft_key, SmRkey};
+use crate::rkey::{backing_of, new_soft_key, SmRkey};
 use crate::segment::Mapping;
 
 /// The memory domain's name.
@@ -152,16 +152,7 @@ impl MemoryDomain for CmaMd {
     }
 
     fn pack_rkey(&self, mem: &MemHandle) -> Result<RkeyEntry> {
-        let backing = mem
-            .backing()
-            .as_any()
-            .downcast_ref::<CmaBacking>()
-            .ok_or_else(|| {
-                UctError::InvalidParam(format!(
-                    "memory handle belongs to memory domain {}, not cma; register it with cma",
-                    mem.md_name()
-                ))
-            })?;
+        let backing = backing_of::<CmaBacking>(mem, MD_NAME, "register")?;
         let slot = backing
             .slot
             .as_ref()

@@ -1,5 +1,5 @@
 //! The cma transport: put and get straight into a peer process's registered
-//! memory with `process_vm_writev` / `process_vm_readv` ([`vm`](self::vm)),
+//! memory with `process_vm_writev` / `process_vm_readv` (`vm.rs`),
 //! no shared mapping and no copy in between. Before each access the
 //! initiator reads the owner's registration record ([`records`]: state,
 //! secret, range, rights) out of the owner's memory, so a freed region, a

@@ -47,8 +47,8 @@ impl PosixEp {
     /// The segment of `key`, mapped once per key (and once per iface for
     /// keys of the same segment).
     fn mapping<'k>(&self, key: &'k PosixRkey) -> Result<&'k (Arc<Mapping>, View)> {
-        if let Some(m) = key.mapping.get() {
-            return Ok(m);
+        if let Some(mapped) = key.mapping.get() {
+            return Ok(mapped);
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let mapping = match cache.get(&key.segment) {

@@ -13,7 +13,7 @@ use uct_core::{
     Access, MemHandle, MemRegion, MemoryDomain, MemoryType, Result, RkeyEntry, UctError,
 };
 
-use crate::rkey::{new_soft_key, SmRkey};
+use crate::rkey::{backing_of, new_soft_key, SmRkey};
 use crate::segment::{self, Mapping, View};
 
 /// The memory domain's name.
@@ -129,16 +129,7 @@ impl MemoryDomain for PosixMd {
     }
 
     fn pack_rkey(&self, mem: &MemHandle) -> Result<RkeyEntry> {
-        let backing = mem
-            .backing()
-            .as_any()
-            .downcast_ref::<PosixBacking>()
-            .ok_or_else(|| {
-                UctError::InvalidParam(format!(
-                    "memory handle belongs to memory domain {}, not posix; allocate it with posix",
-                    mem.md_name()
-                ))
-            })?;
+        let backing = backing_of::<PosixBacking>(mem, MD_NAME, "allocate")?;
         Ok(RkeyEntry {
             component: self.component.into(),
             md: MD_NAME.into(),
