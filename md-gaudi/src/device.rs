@@ -160,17 +160,17 @@ impl Device {
         if in_use.saturating_add(size) > self.dram_size {
             return Err(self.exhausted(size, in_use));
         }
-        let h = self.lib.mem_alloc(self.fd, size, page_size).map_err(|e| {
+        let handle = self.lib.mem_alloc(self.fd, size, page_size).map_err(|e| {
             if e.raw_os_error() == Some(libc::ENOMEM) {
                 self.exhausted(size, in_use)
             } else {
                 self.driver("hlthunk_device_memory_alloc", e)
             }
         })?;
-        let mut b = self.book();
-        b.allocs.insert(h, size);
-        b.in_use += size;
-        Ok(h)
+        let mut book = self.book();
+        book.allocs.insert(handle, size);
+        book.in_use += size;
+        Ok(handle)
     }
 
     fn exhausted(&self, requested: u64, in_use: u64) -> GaudiError {
@@ -185,14 +185,14 @@ impl Device {
     /// `hlthunk_device_memory_free`; the handle must not be mapped.
     pub fn free(&self, handle: u64) -> Result<()> {
         {
-            let b = self.book();
-            if !b.allocs.contains_key(&handle) {
+            let book = self.book();
+            if !book.allocs.contains_key(&handle) {
                 return Err(GaudiError::NoSuchHandle {
                     device: self.name.clone(),
                     handle,
                 });
             }
-            if b.maps.values().any(|(h, _)| *h == handle) {
+            if book.maps.values().any(|(mapped, _)| *mapped == handle) {
                 return Err(GaudiError::StillMapped {
                     device: self.name.clone(),
                     handle,
@@ -202,9 +202,9 @@ impl Device {
         self.lib
             .mem_free(self.fd, handle)
             .map_err(|e| self.driver("hlthunk_device_memory_free", e))?;
-        let mut b = self.book();
-        if let Some(size) = b.allocs.remove(&handle) {
-            b.in_use -= size;
+        let mut book = self.book();
+        if let Some(size) = book.allocs.remove(&handle) {
+            book.in_use -= size;
         }
         Ok(())
     }

@@ -116,8 +116,8 @@ impl HlThunk {
                 // $name has the prototype $ty (hlthunk.h); the copied
                 // pointer is kept beside the library in `HlThunk`, so it
                 // never outlives it.
-                let s = unsafe { lib.get::<$ty>(concat!($name, "\0").as_bytes()) };
-                *s.map_err(|_| GaudiError::MissingSymbol {
+                let symbol = unsafe { lib.get::<$ty>(concat!($name, "\0").as_bytes()) };
+                *symbol.map_err(|_| GaudiError::MissingSymbol {
                     path: shown.clone(),
                     symbol: $name,
                 })?
@@ -183,7 +183,7 @@ impl HlThunk {
     /// Opens a device: the first free one, or the one at `bus_id`. The fd
     /// is closed with [`close`](Self::close), never directly.
     pub fn open(&self, bus_id: Option<&str>) -> io::Result<c_int> {
-        let c = bus_id
+        let bus_id = bus_id
             .map(std::ffi::CString::new)
             .transpose()
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
@@ -193,7 +193,7 @@ impl HlThunk {
         let fd = unsafe {
             (self.open)(
                 device_name::DONT_CARE,
-                c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+                bus_id.as_ref().map_or(std::ptr::null(), |id| id.as_ptr()),
             )
         };
         if fd < 0 {
@@ -262,11 +262,11 @@ impl HlThunk {
     pub fn mem_alloc(&self, fd: c_int, size: u64, page_size: u64) -> io::Result<u64> {
         // SAFETY: `hlthunk_device_memory_alloc` has the prototype AllocFn
         // (see the contract on the prototypes); every argument is a value.
-        let h = unsafe { (self.mem_alloc)(fd, size, page_size, false, false) };
-        if h == 0 {
+        let handle = unsafe { (self.mem_alloc)(fd, size, page_size, false, false) };
+        if handle == 0 {
             Err(errno())
         } else {
-            Ok(h)
+            Ok(handle)
         }
     }
 

@@ -27,8 +27,8 @@ struct Live {
 
 type LiveTable = Arc<Mutex<BTreeMap<u64, Live>>>;
 
-fn table(t: &LiveTable) -> MutexGuard<'_, BTreeMap<u64, Live>> {
-    t.lock().unwrap_or_else(|p| p.into_inner())
+fn table(live: &LiveTable) -> MutexGuard<'_, BTreeMap<u64, Live>> {
+    live.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The memory domain of one Gaudi device.
@@ -168,10 +168,10 @@ impl GaudiMd {
 
     /// The live allocation holding `[addr, addr+len)`: (base, its length).
     fn owner(&self, addr: u64, len: usize) -> Option<(u64, u64, Arc<OwnedFd>)> {
-        let t = table(&self.live);
-        let (&base, l) = t.range(..=addr).next_back()?;
+        let table = table(&self.live);
+        let (&base, live) = table.range(..=addr).next_back()?;
         let end = addr.checked_add(len as u64)?;
-        (end <= base + l.len).then(|| (base, l.len, l.dmabuf.clone()))
+        (end <= base + live.len).then(|| (base, live.len, live.dmabuf.clone()))
     }
 }
 

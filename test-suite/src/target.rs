@@ -1,7 +1,7 @@
 //! The target side of a conformance pair: the iface that is written to,
 //! read from and sent to. It lives either in this process ([`InProcess`])
 //! or in a child process spawned by the test and driven over the bootstrap
-//! channel ([`Spawned`], served by [`run_agent`]).
+//! channel ([`Spawned`], served by `run_agent`).
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -93,10 +93,10 @@ impl InProcess {
             .ok_or_else(|| "the target iface is closed".to_string())
     }
 
-    fn mem(&self, m: &RemoteMem) -> Result<&MemHandle, String> {
+    fn mem(&self, remote: &RemoteMem) -> Result<&MemHandle, String> {
         self.mems
-            .get(&m.id)
-            .ok_or_else(|| format!("target region {} is freed", m.id))
+            .get(&remote.id)
+            .ok_or_else(|| format!("target region {} is freed", remote.id))
     }
 }
 
@@ -121,10 +121,10 @@ impl Target for InProcess {
             let mut buf = vec![0u8; len.max(1)].into_boxed_slice();
             // SAFETY: the buffer is kept in `self.buffers` for the life of
             // the target, which outlives the handle.
-            let m = unsafe { md.register(buf.as_mut_ptr(), len, access) }
+            let mem = unsafe { md.register(buf.as_mut_ptr(), len, access) }
                 .map_err(|e| format!("register: {e}"))?;
             self.buffers.push(buf);
-            m
+            mem
         };
         let entry = md.pack_rkey(&mem).map_err(|e| format!("pack rkey: {e}"))?;
         let rkey = RkeyBundle::single(entry)
@@ -142,23 +142,25 @@ impl Target for InProcess {
         Ok(out)
     }
 
-    fn read(&mut self, m: &RemoteMem, offset: usize, len: usize) -> Result<Vec<u8>, String> {
+    fn read(&mut self, remote: &RemoteMem, offset: usize, len: usize) -> Result<Vec<u8>, String> {
         let mut v = vec![0u8; len];
-        self.mem(m)?
+        self.mem(remote)?
             .read(offset, &mut v)
             .map_err(|e| e.to_string())?;
         Ok(v)
     }
 
-    fn write(&mut self, m: &RemoteMem, offset: usize, data: &[u8]) -> Result<(), String> {
-        self.mem(m)?.write(offset, data).map_err(|e| e.to_string())
+    fn write(&mut self, remote: &RemoteMem, offset: usize, data: &[u8]) -> Result<(), String> {
+        self.mem(remote)?
+            .write(offset, data)
+            .map_err(|e| e.to_string())
     }
 
-    fn free(&mut self, m: &RemoteMem) -> Result<(), String> {
+    fn free(&mut self, remote: &RemoteMem) -> Result<(), String> {
         self.mems
-            .remove(&m.id)
+            .remove(&remote.id)
             .map(drop)
-            .ok_or_else(|| format!("region {} freed twice", m.id))
+            .ok_or_else(|| format!("region {} freed twice", remote.id))
     }
 
     fn listen(&mut self, id: u8) -> Result<(), String> {
@@ -170,12 +172,12 @@ impl Target for InProcess {
         self.iface()?
             .set_am_handler(
                 id,
-                Box::new(move |m| {
+                Box::new(move |msg| {
                     sink.lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .entry(m.id)
+                        .entry(msg.id)
                         .or_default()
-                        .push(m.data.to_vec())
+                        .push(msg.data.to_vec())
                 }),
             )
             .map_err(|e| format!("set AM handler: {e}"))
@@ -359,7 +361,7 @@ impl Spawned {
             .map_err(|e| format!("from agent: {e}"))?
         {
             Reply::Error(e) => Err(e),
-            r => Ok(r),
+            reply => Ok(reply),
         }
     }
 }
@@ -371,8 +373,8 @@ impl Drop for Spawned {
     }
 }
 
-fn unexpected(r: Reply) -> String {
-    format!("unexpected agent reply {r:?}")
+fn unexpected(reply: Reply) -> String {
+    format!("unexpected agent reply {reply:?}")
 }
 
 impl Target for Spawned {
@@ -389,33 +391,33 @@ impl Target for Spawned {
             len,
             access: access.bits(),
         })? {
-            Reply::Mem(m) => Ok(m),
-            r => Err(unexpected(r)),
+            Reply::Mem(remote) => Ok(remote),
+            reply => Err(unexpected(reply)),
         }
     }
 
-    fn read(&mut self, m: &RemoteMem, offset: usize, len: usize) -> Result<Vec<u8>, String> {
+    fn read(&mut self, remote: &RemoteMem, offset: usize, len: usize) -> Result<Vec<u8>, String> {
         match self.call(Cmd::Read {
-            id: m.id,
+            id: remote.id,
             offset,
             len,
         })? {
             Reply::Data(d) => Ok(d),
-            r => Err(unexpected(r)),
+            reply => Err(unexpected(reply)),
         }
     }
 
-    fn write(&mut self, m: &RemoteMem, offset: usize, data: &[u8]) -> Result<(), String> {
+    fn write(&mut self, remote: &RemoteMem, offset: usize, data: &[u8]) -> Result<(), String> {
         self.call(Cmd::Write {
-            id: m.id,
+            id: remote.id,
             offset,
             data: data.to_vec(),
         })
         .map(drop)
     }
 
-    fn free(&mut self, m: &RemoteMem) -> Result<(), String> {
-        self.call(Cmd::Free { id: m.id }).map(drop)
+    fn free(&mut self, remote: &RemoteMem) -> Result<(), String> {
+        self.call(Cmd::Free { id: remote.id }).map(drop)
     }
 
     fn listen(&mut self, id: u8) -> Result<(), String> {
@@ -425,14 +427,14 @@ impl Target for Spawned {
     fn inbox_len(&mut self, id: u8) -> Result<usize, String> {
         match self.call(Cmd::InboxLen { id })? {
             Reply::Len(n) => Ok(n),
-            r => Err(unexpected(r)),
+            reply => Err(unexpected(reply)),
         }
     }
 
     fn take_inbox(&mut self, id: u8) -> Result<Vec<Vec<u8>>, String> {
         match self.call(Cmd::TakeInbox { id })? {
             Reply::Inbox(v) => Ok(v),
-            r => Err(unexpected(r)),
+            reply => Err(unexpected(reply)),
         }
     }
 
@@ -443,7 +445,7 @@ impl Target for Spawned {
     fn create_ep(&mut self) -> Result<Vec<u8>, String> {
         match self.call(Cmd::CreateEp)? {
             Reply::Addr(a) => Ok(a),
-            r => Err(unexpected(r)),
+            reply => Err(unexpected(reply)),
         }
     }
 
@@ -500,10 +502,10 @@ fn run_agent() -> Result<(), String> {
             return Err(e.to_string());
         }
     };
-    let mut t = InProcess::new(iface);
+    let mut target = InProcess::new(iface);
     ch.send_msg(&Reply::Ready {
-        device_addr: t.device_address(),
-        iface_addr: t.iface_address(),
+        device_addr: target.device_address(),
+        iface_addr: target.iface_address(),
     })
     .map_err(|e| e.to_string())?;
     loop {
@@ -513,7 +515,7 @@ fn run_agent() -> Result<(), String> {
             .poll_readable(Duration::ZERO)
             .map_err(|e| e.to_string())?
         {
-            if t.progress() == 0 {
+            if target.progress() == 0 {
                 idle = idle.saturating_add(1);
                 if idle > 1000 {
                     std::thread::yield_now();
@@ -528,45 +530,47 @@ fn run_agent() -> Result<(), String> {
             Err(_) => return Ok(()),
         };
         let reply = match cmd {
-            Cmd::Alloc { len, access } => t
+            Cmd::Alloc { len, access } => target
                 .alloc(len, Access::from_bits_truncate(access))
                 .map(Reply::Mem),
             Cmd::Read { id, offset, len } => {
-                let m = RemoteMem {
+                let remote = RemoteMem {
                     id,
                     addr: 0,
                     len: 0,
                     rkey: vec![],
                 };
-                t.read(&m, offset, len).map(Reply::Data)
+                target.read(&remote, offset, len).map(Reply::Data)
             }
             Cmd::Write { id, offset, data } => {
-                let m = RemoteMem {
+                let remote = RemoteMem {
                     id,
                     addr: 0,
                     len: 0,
                     rkey: vec![],
                 };
-                t.write(&m, offset, &data).map(|_| Reply::Done)
+                target.write(&remote, offset, &data).map(|_| Reply::Done)
             }
             Cmd::Free { id } => {
-                let m = RemoteMem {
+                let remote = RemoteMem {
                     id,
                     addr: 0,
                     len: 0,
                     rkey: vec![],
                 };
-                t.free(&m).map(|_| Reply::Done)
+                target.free(&remote).map(|_| Reply::Done)
             }
-            Cmd::Listen { id } => t.listen(id).map(|_| Reply::Done),
-            Cmd::InboxLen { id } => t.inbox_len(id).map(Reply::Len),
-            Cmd::TakeInbox { id } => t.take_inbox(id).map(Reply::Inbox),
-            Cmd::CreateEp => t.create_ep().map(Reply::Addr),
+            Cmd::Listen { id } => target.listen(id).map(|_| Reply::Done),
+            Cmd::InboxLen { id } => target.inbox_len(id).map(Reply::Len),
+            Cmd::TakeInbox { id } => target.take_inbox(id).map(Reply::Inbox),
+            Cmd::CreateEp => target.create_ep().map(Reply::Addr),
             Cmd::ConnectEp {
                 device_addr,
                 ep_addr,
-            } => t.connect_ep(&device_addr, &ep_addr).map(|_| Reply::Done),
-            Cmd::Close => t.close().map(|_| Reply::Done),
+            } => target
+                .connect_ep(&device_addr, &ep_addr)
+                .map(|_| Reply::Done),
+            Cmd::Close => target.close().map(|_| Reply::Done),
         };
         ch.send_msg(&reply.unwrap_or_else(Reply::Error))
             .map_err(|e| e.to_string())?;

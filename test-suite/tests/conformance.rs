@@ -145,7 +145,7 @@ fn main() {
                 let tally = tally.clone();
                 let key = key.clone();
                 trials.push(Trial::test(name, move || {
-                    let res = Pair::new(reg, &r, mode).and_then(|mut p| (case.run)(&mut p));
+                    let res = Pair::new(reg, &r, mode).and_then(|mut pair| (case.run)(&mut pair));
                     record(&tally, &key, |t| {
                         if res.is_ok() {
                             t.passed += 1

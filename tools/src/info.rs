@@ -113,13 +113,13 @@ pub struct LimitsReport {
 }
 
 impl From<SizeLimits> for LimitsReport {
-    fn from(l: SizeLimits) -> Self {
+    fn from(limits: SizeLimits) -> Self {
         LimitsReport {
-            max_short: l.max_short,
-            max_bcopy: l.max_bcopy,
-            min_zcopy: l.min_zcopy,
-            max_zcopy: l.max_zcopy,
-            max_iov: l.max_iov,
+            max_short: limits.max_short,
+            max_bcopy: limits.max_bcopy,
+            min_zcopy: limits.min_zcopy,
+            max_zcopy: limits.max_zcopy,
+            max_iov: limits.max_iov,
         }
     }
 }
@@ -181,52 +181,56 @@ fn flag_names<F: bitflags::Flags>(f: F) -> Vec<String> {
 /// Every MD with its transports; `only` keeps those of one transport.
 pub fn devices(reg: &Registry, only: Option<&str>) -> Vec<MdReport> {
     let mut out: Vec<MdReport> = Vec::new();
-    for r in reg.resources() {
-        if only.is_some_and(|t| t != r.tl.transport) {
+    for resource in reg.resources() {
+        if only.is_some_and(|t| t != resource.tl.transport) {
             continue;
         }
-        let (attrs, error) = match r
-            .component
-            .open_iface(&r.md, &r.tl, &IfaceParams::default())
-        {
-            Ok(iface) => {
-                let a = iface.attrs().clone();
-                (
-                    Some(IfaceReport {
-                        capabilities: flag_names(a.caps),
-                        put: a.put.into(),
-                        get: a.get.into(),
-                        am: a.am.into(),
-                        max_am_header: a.max_am_header,
-                        memory_types: names(&a.mem_types),
-                        latency_ns: a.latency_ns,
-                        bandwidth_mbps: a.bandwidth_bps / 1e6,
-                        overhead_ns: a.overhead_ns,
-                        device_addr_len: a.device_addr_len,
-                        iface_addr_len: a.iface_addr_len,
-                        ep_addr_len: a.ep_addr_len,
-                    }),
-                    None,
-                )
-            }
-            Err(e) => (None, Some(e.to_string())),
-        };
+        let (attrs, error) =
+            match resource
+                .component
+                .open_iface(&resource.md, &resource.tl, &IfaceParams::default())
+            {
+                Ok(iface) => {
+                    let iface_attrs = iface.attrs().clone();
+                    (
+                        Some(IfaceReport {
+                            capabilities: flag_names(iface_attrs.caps),
+                            put: iface_attrs.put.into(),
+                            get: iface_attrs.get.into(),
+                            am: iface_attrs.am.into(),
+                            max_am_header: iface_attrs.max_am_header,
+                            memory_types: names(&iface_attrs.mem_types),
+                            latency_ns: iface_attrs.latency_ns,
+                            bandwidth_mbps: iface_attrs.bandwidth_bps / 1e6,
+                            overhead_ns: iface_attrs.overhead_ns,
+                            device_addr_len: iface_attrs.device_addr_len,
+                            iface_addr_len: iface_attrs.iface_addr_len,
+                            ep_addr_len: iface_attrs.ep_addr_len,
+                        }),
+                        None,
+                    )
+                }
+                Err(e) => (None, Some(e.to_string())),
+            };
         let tr = TransportReport {
-            transport: r.tl.transport.clone(),
-            device: r.tl.device.clone(),
-            device_type: r.tl.device_type.name(),
-            system_device: r.tl.system_device.clone(),
+            transport: resource.tl.transport.clone(),
+            device: resource.tl.device.clone(),
+            device_type: resource.tl.device_type.name(),
+            system_device: resource.tl.system_device.clone(),
             attrs,
             error,
         };
-        if let Some(m) = out
-            .iter_mut()
-            .find(|m| m.component == r.component.name() && m.memory_domain == r.md.name())
-        {
+        if let Some(m) = out.iter_mut().find(|m| {
+            m.component == resource.component.name() && m.memory_domain == resource.md.name()
+        }) {
             m.transports.push(tr);
             continue;
         }
-        out.push(md_report(r.component.name(), r.md.as_ref(), vec![tr]));
+        out.push(md_report(
+            resource.component.name(),
+            resource.md.as_ref(),
+            vec![tr],
+        ));
     }
     if only.is_none() {
         // Memory domains without transports (device memory such as Gaudi).
@@ -247,21 +251,21 @@ fn md_report(
     md: &dyn uct_core::MemoryDomain,
     transports: Vec<TransportReport>,
 ) -> MdReport {
-    let a = md.attrs();
+    let attrs = md.attrs();
     MdReport {
         component: component.to_string(),
         memory_domain: md.name().to_string(),
         description: md.description(),
-        flags: flag_names(a.flags),
-        alloc_mem_types: names(&a.alloc_mem_types),
-        reg_mem_types: names(&a.reg_mem_types),
-        export_mem_types: names(&a.export_mem_types),
-        detect_mem_types: names(&a.detect_mem_types),
-        max_alloc: a.max_alloc,
-        rkey_packed_size: a.rkey_packed_size,
-        reg_cost_ns: a.reg_cost.overhead_ns,
-        reg_cost_ns_per_byte: a.reg_cost.per_byte_ns,
-        system_device: a.system_device,
+        flags: flag_names(attrs.flags),
+        alloc_mem_types: names(&attrs.alloc_mem_types),
+        reg_mem_types: names(&attrs.reg_mem_types),
+        export_mem_types: names(&attrs.export_mem_types),
+        detect_mem_types: names(&attrs.detect_mem_types),
+        max_alloc: attrs.max_alloc,
+        rkey_packed_size: attrs.rkey_packed_size,
+        reg_cost_ns: attrs.reg_cost.overhead_ns,
+        reg_cost_ns_per_byte: attrs.reg_cost.per_byte_ns,
+        system_device: attrs.system_device,
         transports,
     }
 }

@@ -24,74 +24,86 @@ pub fn size(n: u64) -> String {
     n.to_string()
 }
 
-pub fn build(b: &BuildInfo) -> String {
-    let mut s = String::new();
-    let _ = writeln!(s, "# uct-rs version {}", b.version);
-    let _ = writeln!(s, "# build profile: {}", b.profile);
-    let _ = writeln!(s, "# module ABI fingerprint: {}", b.module_abi_fingerprint);
-    let features = if b.features.is_empty() {
+pub fn build(info: &BuildInfo) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# uct-rs version {}", info.version);
+    let _ = writeln!(out, "# build profile: {}", info.profile);
+    let _ = writeln!(
+        out,
+        "# module ABI fingerprint: {}",
+        info.module_abi_fingerprint
+    );
+    let features = if info.features.is_empty() {
         "none".to_string()
     } else {
-        b.features.join(", ")
+        info.features.join(", ")
     };
-    let _ = writeln!(s, "# features: {features}");
-    s
+    let _ = writeln!(out, "# features: {features}");
+    out
 }
 
 pub fn components(list: &[ComponentReport]) -> String {
-    let mut s = String::from("#\n# Components\n#\n");
-    for c in list {
-        let _ = writeln!(s, "# {:>10}: {} [{}]", c.name, c.description, c.origin);
+    let mut out = String::from("#\n# Components\n#\n");
+    for component in list {
         let _ = writeln!(
-            s,
+            out,
+            "# {:>10}: {} [{}]",
+            component.name, component.description, component.origin
+        );
+        let _ = writeln!(
+            out,
             "# {:>10}  transports: {}; memory domains: {}",
             "",
-            if c.transports.is_empty() {
+            if component.transports.is_empty() {
                 "none".into()
             } else {
-                c.transports.join(", ")
+                component.transports.join(", ")
             },
-            if c.memory_domains.is_empty() {
+            if component.memory_domains.is_empty() {
                 "none".into()
             } else {
-                c.memory_domains.join(", ")
+                component.memory_domains.join(", ")
             }
         );
-        if let Some(e) = &c.error {
-            let _ = writeln!(s, "# {:>10}  error: {e}", "");
+        if let Some(e) = &component.error {
+            let _ = writeln!(out, "# {:>10}  error: {e}", "");
         }
     }
-    s
+    out
 }
 
-pub fn modules(m: &ModulesReport) -> String {
-    let mut s = String::from("#\n# Loadable modules\n#\n");
-    let _ = writeln!(s, "# search path: {}", m.search_path.join(":"));
-    if m.modules.is_empty() {
-        s.push_str("# (no libuct_*.so module files found)\n");
+pub fn modules(report: &ModulesReport) -> String {
+    let mut out = String::from("#\n# Loadable modules\n#\n");
+    let _ = writeln!(out, "# search path: {}", report.search_path.join(":"));
+    if report.modules.is_empty() {
+        out.push_str("# (no libuct_*.so module files found)\n");
     }
-    for r in &m.modules {
-        let _ = writeln!(s, "# module {:<10} {:<11} {}", r.name, r.status, r.path);
-        if !r.components.is_empty() {
+    for module in &report.modules {
+        let _ = writeln!(
+            out,
+            "# module {:<10} {:<11} {}",
+            module.name, module.status, module.path
+        );
+        if !module.components.is_empty() {
             let _ = writeln!(
-                s,
+                out,
                 "#        {:<10} components: {}",
                 "",
-                r.components.join(", ")
+                module.components.join(", ")
             );
         }
-        if let Some(reason) = &r.reason {
-            let _ = writeln!(s, "#        {:<10} reason: {reason}", "");
+        if let Some(reason) = &module.reason {
+            let _ = writeln!(out, "#        {:<10} reason: {reason}", "");
         }
     }
-    s
+    out
 }
 
-fn limits_lines(s: &mut String, op: &str, caps: &[String], l: &LimitsReport) {
-    for (class, max) in [("short", l.max_short), ("bcopy", l.max_bcopy)] {
+fn limits_lines(out: &mut String, op: &str, caps: &[String], limits: &LimitsReport) {
+    for (class, max) in [("short", limits.max_short), ("bcopy", limits.max_bcopy)] {
         if caps.iter().any(|c| c == &format!("{op}_{class}")) {
             let _ = writeln!(
-                s,
+                out,
                 "#  {:>20}: <= {}",
                 format!("{op}_{class}"),
                 size(max as u64)
@@ -100,77 +112,81 @@ fn limits_lines(s: &mut String, op: &str, caps: &[String], l: &LimitsReport) {
     }
     if caps.iter().any(|c| c == &format!("{op}_zcopy")) {
         let _ = writeln!(
-            s,
+            out,
             "#  {:>20}: {} - {}, up to {} iov",
             format!("{op}_zcopy"),
-            size(l.min_zcopy as u64),
-            size(l.max_zcopy as u64),
-            l.max_iov
+            size(limits.min_zcopy as u64),
+            size(limits.max_zcopy as u64),
+            limits.max_iov
         );
     }
 }
 
-fn transport(s: &mut String, t: &TransportReport) {
-    let _ = writeln!(s, "#");
-    let _ = writeln!(s, "#      Transport: {}", t.transport);
-    let _ = writeln!(s, "#         Device: {}", t.device);
-    let _ = writeln!(s, "#           Type: {}", t.device_type);
+fn transport(out: &mut String, tl: &TransportReport) {
+    let _ = writeln!(out, "#");
+    let _ = writeln!(out, "#      Transport: {}", tl.transport);
+    let _ = writeln!(out, "#         Device: {}", tl.device);
+    let _ = writeln!(out, "#           Type: {}", tl.device_type);
     let _ = writeln!(
-        s,
+        out,
         "#  System device: {}",
-        t.system_device.as_deref().unwrap_or("<unknown>")
+        tl.system_device.as_deref().unwrap_or("<unknown>")
     );
-    if let Some(e) = &t.error {
-        let _ = writeln!(s, "#   < failed to open interface: {e} >");
+    if let Some(e) = &tl.error {
+        let _ = writeln!(out, "#   < failed to open interface: {e} >");
         return;
     }
-    let Some(a) = &t.attrs else { return };
-    let _ = writeln!(s, "#");
-    let _ = writeln!(s, "#      capabilities:");
-    let _ = writeln!(s, "#  {:>20}: {:.2} MB/sec", "bandwidth", a.bandwidth_mbps);
-    let _ = writeln!(s, "#  {:>20}: {:.0} nsec", "latency", a.latency_ns);
-    let _ = writeln!(s, "#  {:>20}: {:.0} nsec", "overhead", a.overhead_ns);
-    limits_lines(s, "put", &a.capabilities, &a.put);
-    limits_lines(s, "get", &a.capabilities, &a.get);
-    limits_lines(s, "am", &a.capabilities, &a.am);
-    if !a.capabilities.iter().any(|c| c.starts_with("am_")) {
+    let Some(attrs) = &tl.attrs else { return };
+    let _ = writeln!(out, "#");
+    let _ = writeln!(out, "#      capabilities:");
+    let _ = writeln!(
+        out,
+        "#  {:>20}: {:.2} MB/sec",
+        "bandwidth", attrs.bandwidth_mbps
+    );
+    let _ = writeln!(out, "#  {:>20}: {:.0} nsec", "latency", attrs.latency_ns);
+    let _ = writeln!(out, "#  {:>20}: {:.0} nsec", "overhead", attrs.overhead_ns);
+    limits_lines(out, "put", &attrs.capabilities, &attrs.put);
+    limits_lines(out, "get", &attrs.capabilities, &attrs.get);
+    limits_lines(out, "am", &attrs.capabilities, &attrs.am);
+    if !attrs.capabilities.iter().any(|c| c.starts_with("am_")) {
         let _ = writeln!(
-            s,
+            out,
             "#  {:>20}: none (this transport has no active messages)",
             "active messages"
         );
     }
-    if a.capabilities.iter().any(|c| c == "am_zcopy") {
+    if attrs.capabilities.iter().any(|c| c == "am_zcopy") {
         let _ = writeln!(
-            s,
+            out,
             "#  {:>20}: <= {}",
             "am header",
-            size(a.max_am_header as u64)
+            size(attrs.max_am_header as u64)
         );
     }
     let atomics: Vec<&str> = [("atomic32", "32-bit"), ("atomic64", "64-bit")]
         .into_iter()
-        .filter(|(f, _)| a.capabilities.iter().any(|c| c == f))
+        .filter(|(f, _)| attrs.capabilities.iter().any(|c| c == f))
         .map(|(_, n)| n)
         .collect();
     if atomics.is_empty() {
-        let _ = writeln!(s, "#  {:>20}: none", "atomics");
+        let _ = writeln!(out, "#  {:>20}: none", "atomics");
     } else {
-        let swap = if a.capabilities.iter().any(|c| c == "atomic_swap") {
+        let swap = if attrs.capabilities.iter().any(|c| c == "atomic_swap") {
             "swap, "
         } else {
             ""
         };
         let _ = writeln!(
-            s,
+            out,
             "#  {:>20}: add, fetch-add, {swap}compare-swap ({})",
             "atomics",
             atomics.join(", ")
         );
     }
-    let conn = caps_line(&a.capabilities, "connect_to_");
+    let conn = caps_line(&attrs.capabilities, "connect_to_");
     let _ = writeln!(
-        s,
+        out,
         "#  {:>20}: to {}",
         "connection",
         if conn.is_empty() {
@@ -181,121 +197,134 @@ fn transport(s: &mut String, t: &TransportReport) {
     );
     let mut other: Vec<&str> = Vec::new();
     for f in ["flush", "fence", "errhandle_peer_failure"] {
-        if a.capabilities.iter().any(|c| c == f) {
+        if attrs.capabilities.iter().any(|c| c == f) {
             other.push(f);
         }
     }
-    let _ = writeln!(s, "#  {:>20}: {}", "other", other.join(", "));
+    let _ = writeln!(out, "#  {:>20}: {}", "other", other.join(", "));
     let _ = writeln!(
-        s,
+        out,
         "#  {:>20}: {}",
         "memory types",
-        a.memory_types.join(", ")
+        attrs.memory_types.join(", ")
     );
     let _ = writeln!(
-        s,
+        out,
         "#  {:>20}: {} bytes",
-        "device address", a.device_addr_len
+        "device address", attrs.device_addr_len
     );
-    let _ = writeln!(s, "#  {:>20}: {} bytes", "iface address", a.iface_addr_len);
-    if a.ep_addr_len > 0 {
-        let _ = writeln!(s, "#  {:>20}: {} bytes", "ep address", a.ep_addr_len);
+    let _ = writeln!(
+        out,
+        "#  {:>20}: {} bytes",
+        "iface address", attrs.iface_addr_len
+    );
+    if attrs.ep_addr_len > 0 {
+        let _ = writeln!(out, "#  {:>20}: {} bytes", "ep address", attrs.ep_addr_len);
     }
 }
 
 pub fn devices(mds: &[MdReport]) -> String {
-    let mut s = String::new();
-    for m in mds {
-        let _ = writeln!(s, "#");
-        let _ = writeln!(s, "# Memory domain: {}", m.memory_domain);
-        let _ = writeln!(s, "#     Component: {}", m.component);
-        if let Some(d) = &m.description {
-            let _ = writeln!(s, "#        Device: {d}");
+    let mut out = String::new();
+    for md in mds {
+        let _ = writeln!(out, "#");
+        let _ = writeln!(out, "# Memory domain: {}", md.memory_domain);
+        let _ = writeln!(out, "#     Component: {}", md.component);
+        if let Some(d) = &md.description {
+            let _ = writeln!(out, "#        Device: {d}");
         }
-        let _ = writeln!(s, "#  {:>20}: {}", "flags", m.flags.join(", "));
-        if !m.alloc_mem_types.is_empty() {
+        let _ = writeln!(out, "#  {:>20}: {}", "flags", md.flags.join(", "));
+        if !md.alloc_mem_types.is_empty() {
             let _ = writeln!(
-                s,
+                out,
                 "#  {:>20}: {} (max {})",
                 "allocate",
-                m.alloc_mem_types.join(", "),
-                size(m.max_alloc)
+                md.alloc_mem_types.join(", "),
+                size(md.max_alloc)
             );
         }
-        if !m.reg_mem_types.is_empty() {
+        if !md.reg_mem_types.is_empty() {
             let _ = writeln!(
-                s,
+                out,
                 "#  {:>20}: {}, cost: {:.0} nsec + {:.3} nsec/byte",
                 "register",
-                m.reg_mem_types.join(", "),
-                m.reg_cost_ns,
-                m.reg_cost_ns_per_byte
+                md.reg_mem_types.join(", "),
+                md.reg_cost_ns,
+                md.reg_cost_ns_per_byte
             );
         }
-        if !m.export_mem_types.is_empty() {
+        if !md.export_mem_types.is_empty() {
             let _ = writeln!(
-                s,
+                out,
                 "#  {:>20}: {}",
                 "dma-buf export",
-                m.export_mem_types.join(", ")
+                md.export_mem_types.join(", ")
             );
         }
-        if !m.detect_mem_types.is_empty() {
-            let _ = writeln!(s, "#  {:>20}: {}", "detect", m.detect_mem_types.join(", "));
-        }
-        let _ = writeln!(s, "#  {:>20}: {} bytes", "remote key", m.rkey_packed_size);
-        if let Some(d) = &m.system_device {
-            let _ = writeln!(s, "#  {:>20}: {d}", "system device");
-        }
-        if m.transports.is_empty() {
+        if !md.detect_mem_types.is_empty() {
             let _ = writeln!(
-                s,
+                out,
+                "#  {:>20}: {}",
+                "detect",
+                md.detect_mem_types.join(", ")
+            );
+        }
+        let _ = writeln!(
+            out,
+            "#  {:>20}: {} bytes",
+            "remote key", md.rkey_packed_size
+        );
+        if let Some(d) = &md.system_device {
+            let _ = writeln!(out, "#  {:>20}: {d}", "system device");
+        }
+        if md.transports.is_empty() {
+            let _ = writeln!(
+                out,
                 "#  {:>20}: none of its own (a NIC with DMA-buf import carries this memory)",
                 "transports"
             );
         }
-        for t in &m.transports {
-            transport(&mut s, t);
+        for t in &md.transports {
+            transport(&mut out, t);
         }
     }
-    s
+    out
 }
 
 pub fn absent_mds(list: &[AbsentMdReport]) -> String {
-    let mut s = String::new();
+    let mut out = String::new();
     if list.is_empty() {
-        return s;
+        return out;
     }
-    s.push_str("#\n# Memory domains not available\n#\n");
+    out.push_str("#\n# Memory domains not available\n#\n");
     for a in list {
-        let _ = writeln!(s, "# {:>8}: {}", a.component, a.reason);
+        let _ = writeln!(out, "# {:>8}: {}", a.component, a.reason);
     }
-    s
+    out
 }
 
 pub fn absent(list: &[AbsentReport]) -> String {
-    let mut s = String::new();
+    let mut out = String::new();
     if list.is_empty() {
-        return s;
+        return out;
     }
-    s.push_str("#\n# Transports not available\n#\n");
+    out.push_str("#\n# Transports not available\n#\n");
     for a in list {
-        let _ = writeln!(s, "# {:>8}: {}", a.transport, a.reason);
+        let _ = writeln!(out, "# {:>8}: {}", a.transport, a.reason);
     }
-    s
+    out
 }
 
 pub fn config(vars: &[ConfigReport], full: bool) -> String {
-    let mut s = String::new();
+    let mut out = String::new();
     for v in vars {
         if full {
-            let _ = writeln!(s, "#");
+            let _ = writeln!(out, "#");
             for line in v.doc.split('\n') {
-                let _ = writeln!(s, "# {line}");
+                let _ = writeln!(out, "# {line}");
             }
-            let _ = writeln!(s, "#");
+            let _ = writeln!(out, "#");
             let _ = writeln!(
-                s,
+                out,
                 "# default: {}; owner: {}{}",
                 if v.default.is_empty() {
                     "(empty)"
@@ -310,7 +339,7 @@ pub fn config(vars: &[ConfigReport], full: bool) -> String {
                 }
             );
         }
-        let _ = writeln!(s, "{}={}", v.name, v.value);
+        let _ = writeln!(out, "{}={}", v.name, v.value);
     }
-    s
+    out
 }

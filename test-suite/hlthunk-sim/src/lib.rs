@@ -146,8 +146,11 @@ fn fail(e: c_int) -> c_int {
     -e
 }
 
-fn device_of(s: &mut Sim, fd: c_int) -> Option<&mut Device> {
-    s.devices.iter_mut().find(|d| d.open_fd == Some(fd))
+fn device_of(state: &mut Sim, fd: c_int) -> Option<&mut Device> {
+    state
+        .devices
+        .iter_mut()
+        .find(|device| device.open_fd == Some(fd))
 }
 
 fn memfd(name: &str) -> Option<OwnedFd> {
@@ -187,10 +190,14 @@ pub unsafe extern "C" fn hlthunk_open(device_name: c_int, busid: *const c_char) 
                 .into_owned(),
         )
     };
-    let mut s = sim();
+    let mut state = sim();
     let idx = match &want {
-        Some(b) => match s.devices.iter().position(|d| &d.bus_id == b) {
-            Some(i) if s.devices[i].open_fd.is_some() => {
+        Some(wanted) => match state
+            .devices
+            .iter()
+            .position(|device| &device.bus_id == wanted)
+        {
+            Some(i) if state.devices[i].open_fd.is_some() => {
                 set_errno(libc::EBUSY);
                 return -1;
             }
@@ -200,10 +207,14 @@ pub unsafe extern "C" fn hlthunk_open(device_name: c_int, busid: *const c_char) 
                 return -1;
             }
         },
-        None => match s.devices.iter().position(|d| d.open_fd.is_none()) {
+        None => match state
+            .devices
+            .iter()
+            .position(|device| device.open_fd.is_none())
+        {
             Some(i) => i,
             None => {
-                set_errno(if s.devices.is_empty() {
+                set_errno(if state.devices.is_empty() {
                     libc::ENODEV
                 } else {
                     libc::EBUSY
@@ -217,19 +228,19 @@ pub unsafe extern "C" fn hlthunk_open(device_name: c_int, busid: *const c_char) 
         return -1;
     };
     let raw = fd.into_raw_fd();
-    s.devices[idx].open_fd = Some(raw);
+    state.devices[idx].open_fd = Some(raw);
     raw
 }
 
 /// Closes a device fd and frees what was allocated through it.
 #[no_mangle]
 pub extern "C" fn hlthunk_close(fd: c_int) -> c_int {
-    let mut s = sim();
-    let Some(d) = device_of(&mut s, fd) else {
+    let mut state = sim();
+    let Some(device) = device_of(&mut state, fd) else {
         set_errno(libc::EBADF);
         return -1;
     };
-    d.release();
+    device.release();
     // SAFETY: the fd was created by hlthunk_open and is closed only here.
     unsafe { libc::close(fd) }
 }
@@ -260,18 +271,18 @@ pub unsafe extern "C" fn hlthunk_get_pci_bus_id_from_fd(
     buf: *mut c_char,
     len: c_int,
 ) -> c_int {
-    let mut s = sim();
-    let Some(d) = device_of(&mut s, fd) else {
+    let mut state = sim();
+    let Some(device) = device_of(&mut state, fd) else {
         return fail(libc::EBADF);
     };
-    let b = d.bus_id.as_bytes();
-    if buf.is_null() || len <= b.len() as c_int {
+    let bus_id = device.bus_id.as_bytes();
+    if buf.is_null() || len <= bus_id.len() as c_int {
         return fail(libc::EINVAL);
     }
     // SAFETY: the caller gave `len` bytes and the id plus NUL fits.
     unsafe {
-        std::ptr::copy_nonoverlapping(b.as_ptr(), buf.cast::<u8>(), b.len());
-        *buf.add(b.len()) = 0;
+        std::ptr::copy_nonoverlapping(bus_id.as_ptr(), buf.cast::<u8>(), bus_id.len());
+        *buf.add(bus_id.len()) = 0;
     }
     0
 }
@@ -283,18 +294,20 @@ pub unsafe extern "C" fn hlthunk_get_pci_bus_id_from_fd(
 /// `hw_ip` points to a writable `struct hlthunk_hw_ip_info`.
 #[no_mangle]
 pub unsafe extern "C" fn hlthunk_get_hw_ip_info(fd: c_int, hw_ip: *mut u64) -> c_int {
-    let mut s = sim();
-    let Some(d) = device_of(&mut s, fd) else {
+    let mut state = sim();
+    let Some(device) = device_of(&mut state, fd) else {
         return fail(libc::EBADF);
     };
     if hw_ip.is_null() {
         return fail(libc::EINVAL);
     }
-    // SAFETY: the struct begins with three u64 fields.
+    // SAFETY: the caller passes a writable `struct hlthunk_hw_ip_info`
+    // (this function's contract), which begins with three u64 fields
+    // (sram_base_address, dram_base_address, dram_size).
     unsafe {
         *hw_ip = 0;
         *hw_ip.add(1) = VA_BASE;
-        *hw_ip.add(2) = d.dram_size;
+        *hw_ip.add(2) = device.dram_size;
     }
     0
 }
@@ -309,8 +322,8 @@ pub extern "C" fn hlthunk_device_memory_alloc(
     _contiguous: bool,
     _shared: bool,
 ) -> u64 {
-    let mut s = sim();
-    let Some(d) = device_of(&mut s, fd) else {
+    let mut state = sim();
+    let Some(device) = device_of(&mut state, fd) else {
         set_errno(libc::EBADF);
         return 0;
     };
@@ -323,7 +336,7 @@ pub extern "C" fn hlthunk_device_memory_alloc(
         set_errno(libc::EINVAL);
         return 0;
     };
-    if d.used.saturating_add(rounded) > d.dram_size {
+    if device.used.saturating_add(rounded) > device.dram_size {
         set_errno(libc::ENOMEM);
         return 0;
     }
@@ -338,10 +351,10 @@ pub extern "C" fn hlthunk_device_memory_alloc(
     }
     // Handles look nothing like VAs, so that passing one where a VA is
     // expected fails as it would on the real driver.
-    let handle = (1u64 << 32) | d.next_handle;
-    d.next_handle += 1;
-    d.used += rounded;
-    d.allocs.insert(
+    let handle = (1u64 << 32) | device.next_handle;
+    device.next_handle += 1;
+    device.used += rounded;
+    device.allocs.insert(
         handle,
         Alloc {
             size: rounded,
@@ -355,16 +368,16 @@ pub extern "C" fn hlthunk_device_memory_alloc(
 /// Frees an allocation: EINVAL for an unknown handle or one still mapped.
 #[no_mangle]
 pub extern "C" fn hlthunk_device_memory_free(fd: c_int, handle: u64) -> c_int {
-    let mut s = sim();
-    let Some(d) = device_of(&mut s, fd) else {
+    let mut state = sim();
+    let Some(device) = device_of(&mut state, fd) else {
         return fail(libc::EBADF);
     };
-    match d.allocs.get(&handle) {
+    match device.allocs.get(&handle) {
         None => fail(libc::EINVAL),
-        Some(a) if a.maps > 0 => fail(libc::EINVAL),
-        Some(a) => {
-            d.used -= a.size;
-            d.allocs.remove(&handle);
+        Some(alloc) if alloc.maps > 0 => fail(libc::EINVAL),
+        Some(alloc) => {
+            device.used -= alloc.size;
+            device.allocs.remove(&handle);
             0
         }
     }
@@ -374,37 +387,37 @@ pub extern "C" fn hlthunk_device_memory_free(fd: c_int, handle: u64) -> c_int {
 /// or 0 with errno EINVAL for an unknown handle.
 #[no_mangle]
 pub extern "C" fn hlthunk_device_memory_map(fd: c_int, handle: u64, _hint_addr: u64) -> u64 {
-    let mut s = sim();
-    let Some(d) = device_of(&mut s, fd) else {
+    let mut state = sim();
+    let Some(device) = device_of(&mut state, fd) else {
         set_errno(libc::EBADF);
         return 0;
     };
-    let Some(a) = d.allocs.get_mut(&handle) else {
+    let Some(alloc) = device.allocs.get_mut(&handle) else {
         set_errno(libc::EINVAL);
         return 0;
     };
-    a.maps += 1;
-    let size = a.size;
-    let va = d.next_va;
+    alloc.maps += 1;
+    let size = alloc.size;
+    let va = device.next_va;
     // A guard gap between mappings, so that overruns do not land in a
     // neighbour.
-    d.next_va += size + DRAM_PAGE;
-    d.maps.insert(va, Mapping { handle, size });
+    device.next_va += size + DRAM_PAGE;
+    device.maps.insert(va, Mapping { handle, size });
     va
 }
 
 /// Unmaps a VA returned by `hlthunk_device_memory_map`; EINVAL otherwise.
 #[no_mangle]
 pub extern "C" fn hlthunk_memory_unmap(fd: c_int, device_virt_addr: u64) -> c_int {
-    let mut s = sim();
-    let Some(d) = device_of(&mut s, fd) else {
+    let mut state = sim();
+    let Some(device) = device_of(&mut state, fd) else {
         return fail(libc::EBADF);
     };
-    let Some(m) = d.maps.remove(&device_virt_addr) else {
+    let Some(mapping) = device.maps.remove(&device_virt_addr) else {
         return fail(libc::EINVAL);
     };
-    if let Some(a) = d.allocs.get_mut(&m.handle) {
-        a.maps -= 1;
+    if let Some(alloc) = device.allocs.get_mut(&mapping.handle) {
+        alloc.maps -= 1;
     }
     0
 }
@@ -419,8 +432,8 @@ pub extern "C" fn hlthunk_device_mapped_memory_export_dmabuf_fd(
     offset: u64,
     flags: u32,
 ) -> c_int {
-    let mut s = sim();
-    let Some(d) = device_of(&mut s, fd) else {
+    let mut state = sim();
+    let Some(device) = device_of(&mut state, fd) else {
         return fail(libc::EBADF);
     };
     if flags != (libc::O_RDWR | libc::O_CLOEXEC) as u32 {
@@ -433,18 +446,21 @@ pub extern "C" fn hlthunk_device_mapped_memory_export_dmabuf_fd(
     {
         return fail(libc::EINVAL);
     }
-    let Some(m) = d.maps.get(&addr) else {
+    let Some(mapping) = device.maps.get(&addr) else {
         return fail(libc::EINVAL);
     };
-    if offset.checked_add(size).is_none_or(|end| end > m.size) {
+    if offset
+        .checked_add(size)
+        .is_none_or(|end| end > mapping.size)
+    {
         return fail(libc::EINVAL);
     }
-    let Some(a) = d.allocs.get(&m.handle) else {
+    let Some(alloc) = device.allocs.get(&mapping.handle) else {
         return fail(libc::EINVAL);
     };
     // An O_PATH fd of the backing memfd: it keeps the memory alive like a
     // DMA-buf does, and the CPU cannot map or read it.
-    let path = format!("/proc/self/fd/{}\0", a.memfd.as_raw_fd());
+    let path = format!("/proc/self/fd/{}\0", alloc.memfd.as_raw_fd());
     // SAFETY: path is NUL-terminated; the result is a new fd or -1.
     let out = unsafe { libc::open(path.as_ptr().cast(), libc::O_PATH | libc::O_CLOEXEC) };
     if out < 0 {

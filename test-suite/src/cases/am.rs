@@ -17,9 +17,9 @@ pub fn cases() -> Vec<Case> {
 }
 
 /// Waits for exactly one message on `id` and returns it.
-fn one(p: &mut Pair, id: u8) -> Result<Vec<u8>, String> {
-    p.wait_inbox(id, 1)?;
-    let mut v = p.target.take_inbox(id)?;
+fn one(pair: &mut Pair, id: u8) -> Result<Vec<u8>, String> {
+    pair.wait_inbox(id, 1)?;
+    let mut v = pair.target.take_inbox(id)?;
     ensure!(
         v.len() == 1,
         "{} messages arrived on id {id}, 1 was sent",
@@ -28,23 +28,23 @@ fn one(p: &mut Pair, id: u8) -> Result<Vec<u8>, String> {
     Ok(v.remove(0))
 }
 
-fn am_short(p: &mut Pair) -> TestResult {
-    let max = p.attrs().am.max_short;
+fn am_short(pair: &mut Pair) -> TestResult {
+    let max = pair.attrs().am.max_short;
     ensure!(
         max >= 8,
         "am max_short {max} leaves no room for the 8-byte header"
     );
-    p.target.listen(3)?;
+    pair.target.listen(3)?;
     for (i, len) in [0usize, 1, 8, (max - 8) / 2, max - 8]
         .into_iter()
         .enumerate()
     {
         let payload = pattern(len, 1000 + i as u64);
         let header = 0x1122_3344_5566_7700u64 + i as u64;
-        let c = Completion::new();
-        p.post_wait("am_short", &c, |ep, _| ep.am_short(3, header, &payload))
+        let comp = Completion::new();
+        pair.post_wait("am_short", &comp, |ep, _| ep.am_short(3, header, &payload))
             .ctx("am_short")?;
-        let data = one(p, 3)?;
+        let data = one(pair, 3)?;
         ensure!(
             data.len() == 8 + len,
             "received {} bytes, sent 8 + {len}",
@@ -62,15 +62,15 @@ fn am_short(p: &mut Pair) -> TestResult {
     Ok(())
 }
 
-fn am_bcopy(p: &mut Pair) -> TestResult {
-    let max = p.attrs().am.max_bcopy;
-    p.target.listen(5)?;
+fn am_bcopy(pair: &mut Pair) -> TestResult {
+    let max = pair.attrs().am.max_bcopy;
+    pair.target.listen(5)?;
     for (i, len) in [1usize, 100, 4096, max / 2, max].into_iter().enumerate() {
         let data = pattern(len, 1100 + i as u64);
-        let c = Completion::new();
-        p.post_wait("am_bcopy", &c, |ep, _| ep.am_bcopy(5, &data))
+        let comp = Completion::new();
+        pair.post_wait("am_bcopy", &comp, |ep, _| ep.am_bcopy(5, &data))
             .ctx("am_bcopy")?;
-        let got = one(p, 5)?;
+        let got = one(pair, 5)?;
         ensure!(
             got == data,
             "am_bcopy of {len} bytes arrived changed ({} bytes)",
@@ -80,14 +80,14 @@ fn am_bcopy(p: &mut Pair) -> TestResult {
     Ok(())
 }
 
-fn am_zcopy(p: &mut Pair) -> TestResult {
-    let attrs = p.attrs();
-    p.target.listen(7)?;
+fn am_zcopy(pair: &mut Pair) -> TestResult {
+    let attrs = pair.attrs();
+    pair.target.listen(7)?;
     let header = pattern(attrs.max_am_header.min(32), 1200);
     let n = attrs.am.max_iov.clamp(1, 3);
     let piece = ((attrs.am.max_zcopy - header.len()) / n).min(8192);
     let locals: Vec<_> = (0..n)
-        .map(|_| p.alloc(piece + 3, Access::all_rights()))
+        .map(|_| pair.alloc(piece + 3, Access::all_rights()))
         .collect::<Result<_, _>>()?;
     let mut want = header.clone();
     for (i, l) in locals.iter().enumerate() {
@@ -96,12 +96,12 @@ fn am_zcopy(p: &mut Pair) -> TestResult {
         want.extend_from_slice(&d);
     }
     let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 3, piece)).collect();
-    let c = Completion::new();
-    p.post_wait("am_zcopy", &c, |ep, c| {
-        ep.am_zcopy(7, &header, &iov, Some(c))
+    let comp = Completion::new();
+    pair.post_wait("am_zcopy", &comp, |ep, comp| {
+        ep.am_zcopy(7, &header, &iov, Some(comp))
     })
     .ctx("am_zcopy")?;
-    let got = one(p, 7)?;
+    let got = one(pair, 7)?;
     ensure!(
         got == want,
         "am_zcopy of {} bytes arrived changed ({} bytes)",
@@ -112,16 +112,16 @@ fn am_zcopy(p: &mut Pair) -> TestResult {
 }
 
 /// Messages on one endpoint arrive in the order sent.
-fn am_order(p: &mut Pair) -> TestResult {
-    p.target.listen(1)?;
+fn am_order(pair: &mut Pair) -> TestResult {
+    pair.target.listen(1)?;
     let n = 2000u64;
     for seq in 0..n {
-        let c = Completion::new();
-        p.post_wait("am_short", &c, |ep, _| ep.am_short(1, seq, &[]))
+        let comp = Completion::new();
+        pair.post_wait("am_short", &comp, |ep, _| ep.am_short(1, seq, &[]))
             .ctx("am_short")?;
     }
-    p.wait_inbox(1, n as usize)?;
-    for (i, d) in p.target.take_inbox(1)?.into_iter().enumerate() {
+    pair.wait_inbox(1, n as usize)?;
+    for (i, d) in pair.target.take_inbox(1)?.into_iter().enumerate() {
         let seq = u64::from_le_bytes(
             d.get(..8)
                 .and_then(|b| b.try_into().ok())
@@ -133,18 +133,18 @@ fn am_order(p: &mut Pair) -> TestResult {
 }
 
 /// Each id reaches its own handler.
-fn am_ids(p: &mut Pair) -> TestResult {
+fn am_ids(pair: &mut Pair) -> TestResult {
     let ids = [0u8, 9, 31];
     for &id in &ids {
-        p.target.listen(id)?;
+        pair.target.listen(id)?;
     }
     for &id in &ids {
-        let c = Completion::new();
-        p.post_wait("am_bcopy", &c, |ep, _| ep.am_bcopy(id, &[id; 16]))
+        let comp = Completion::new();
+        pair.post_wait("am_bcopy", &comp, |ep, _| ep.am_bcopy(id, &[id; 16]))
             .ctx("am_bcopy")?;
     }
     for &id in &ids {
-        let data = one(p, id)?;
+        let data = one(pair, id)?;
         ensure!(data == [id; 16], "handler of id {id} got another message");
     }
     Ok(())

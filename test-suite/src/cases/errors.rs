@@ -41,16 +41,17 @@ pub fn cases() -> Vec<Case> {
     v
 }
 
-fn zeros(p: &mut Pair, remote: &crate::target::RemoteMem) -> Result<bool, String> {
-    Ok(p.remote_read(remote, 0, remote.len)?
+fn zeros(pair: &mut Pair, remote: &crate::target::RemoteMem) -> Result<bool, String> {
+    Ok(pair
+        .remote_read(remote, 0, remote.len)?
         .iter()
         .all(|&b| b == 0))
 }
 
-fn bad_rkey_bytes(p: &mut Pair) -> TestResult {
-    let remote = p.remote(4096, Access::all_rights())?;
+fn bad_rkey_bytes(pair: &mut Pair) -> TestResult {
+    let remote = pair.remote(4096, Access::all_rights())?;
     let good = remote.rkey.clone();
-    let md = p.resource.md.name().to_string();
+    let md = pair.resource.md.name().to_string();
     // Truncations, flips and noise: each unpacks to a key or an error.
     let mut x = 0xdead_beef_u64;
     for i in 0..2000usize {
@@ -63,14 +64,14 @@ fn bad_rkey_bytes(p: &mut Pair) -> TestResult {
             1 => b[(x as usize) % good.len()] ^= (x >> 8) as u8 | 1,
             _ => b = pattern(i % 97, x),
         }
-        let _ = p.reg.unpack_rkey(&b, &md);
+        let _ = pair.reg.unpack_rkey(&b, &md);
     }
-    let e = p.reg.unpack_rkey(&good[..good.len() / 2], &md).err();
+    let e = pair.reg.unpack_rkey(&good[..good.len() / 2], &md).err();
     ensure!(
         matches!(e, Some(UctError::BadRkey(_))),
         "half an rkey gave {e:?}, not BadRkey"
     );
-    let e = p.reg.unpack_rkey(&good, "no-such-md").err();
+    let e = pair.reg.unpack_rkey(&good, "no-such-md").err();
     ensure!(
         matches!(e, Some(UctError::RkeyMismatch { .. })),
         "an rkey asked for under another MD gave {e:?}, not RkeyMismatch"
@@ -78,31 +79,32 @@ fn bad_rkey_bytes(p: &mut Pair) -> TestResult {
     Ok(())
 }
 
-fn out_of_range_put(p: &mut Pair) -> TestResult {
-    let remote = p.remote(4096, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+fn out_of_range_put(pair: &mut Pair) -> TestResult {
+    let remote = pair.remote(4096, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     let data = pattern(64, 1);
     for addr in [
         remote.addr + 4096 - 32,
         remote.addr - 64,
         remote.addr + (1 << 40),
     ] {
-        let e = p.expect_failure("out-of-range put", |ep, _| ep.put_bcopy(&data, addr, &rkey))?;
+        let e =
+            pair.expect_failure("out-of-range put", |ep, _| ep.put_bcopy(&data, addr, &rkey))?;
         ensure!(
             matches!(e, UctError::OutOfRange { .. }),
             "out-of-range put gave: {e}"
         );
     }
-    ensure!(zeros(p, &remote)?, "a refused put changed the region");
+    ensure!(zeros(pair, &remote)?, "a refused put changed the region");
     Ok(())
 }
 
-fn out_of_range_get(p: &mut Pair) -> TestResult {
-    let remote = p.remote(4096, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+fn out_of_range_get(pair: &mut Pair) -> TestResult {
+    let remote = pair.remote(4096, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     let addr = remote.addr + 4000;
-    let e = p.expect_failure("out-of-range get", |ep, c| {
-        ep.get_bcopy(200, addr, &rkey, c)
+    let e = pair.expect_failure("out-of-range get", |ep, comp| {
+        ep.get_bcopy(200, addr, &rkey, comp)
     })?;
     ensure!(
         matches!(e, UctError::OutOfRange { .. }),
@@ -111,13 +113,13 @@ fn out_of_range_get(p: &mut Pair) -> TestResult {
     Ok(())
 }
 
-fn read_only_region(p: &mut Pair) -> TestResult {
-    let remote = p.remote(4096, Access::remote_read_only())?;
+fn read_only_region(pair: &mut Pair) -> TestResult {
+    let remote = pair.remote(4096, Access::remote_read_only())?;
     let data = pattern(4096, 7);
-    p.remote_write(&remote, 0, &data)?;
-    let rkey = p.rkey(&remote)?;
+    pair.remote_write(&remote, 0, &data)?;
+    let rkey = pair.rkey(&remote)?;
     let addr = remote.addr;
-    let e = p.expect_failure("put to read-only", |ep, _| {
+    let e = pair.expect_failure("put to read-only", |ep, _| {
         ep.put_bcopy(&[0u8; 32], addr, &rkey)
     })?;
     ensure!(
@@ -125,12 +127,12 @@ fn read_only_region(p: &mut Pair) -> TestResult {
         "write to a read-only region gave: {e}"
     );
     ensure!(
-        p.remote_read(&remote, 0, 4096)? == data,
+        pair.remote_read(&remote, 0, 4096)? == data,
         "a refused put changed the region"
     );
-    let c = Completion::new();
-    p.post_wait("get from read-only", &c, |ep, c| {
-        ep.get_bcopy(32, addr, &rkey, c)
+    let comp = Completion::new();
+    pair.post_wait("get from read-only", &comp, |ep, comp| {
+        ep.get_bcopy(32, addr, &rkey, comp)
     })
     .ctx("get from a read-only region must work")?;
     Ok(())
@@ -162,32 +164,32 @@ fn is_soft_key(packed: &[u8], md: &str) -> bool {
         .unwrap_or(false)
 }
 
-fn wrong_secret(p: &mut Pair) -> TestResult {
-    let remote = p.remote(4096, Access::all_rights())?;
-    let bytes = forge_secret(&remote.rkey, p.resource.md.name())?;
-    let rkey = p
+fn wrong_secret(pair: &mut Pair) -> TestResult {
+    let remote = pair.remote(4096, Access::all_rights())?;
+    let bytes = forge_secret(&remote.rkey, pair.resource.md.name())?;
+    let rkey = pair
         .reg
-        .unpack_rkey(&bytes, p.resource.md.name())
+        .unpack_rkey(&bytes, pair.resource.md.name())
         .ctx("unpack")?;
     let addr = remote.addr;
-    let e = p.expect_failure("put with forged secret", |ep, _| {
+    let e = pair.expect_failure("put with forged secret", |ep, _| {
         ep.put_bcopy(&[1u8; 8], addr, &rkey)
     })?;
     ensure!(
         matches!(e, UctError::BadSecret),
         "a forged secret gave: {e}"
     );
-    ensure!(zeros(p, &remote)?, "forged put changed the region");
+    ensure!(zeros(pair, &remote)?, "forged put changed the region");
     Ok(())
 }
 
-fn deregistered_region(p: &mut Pair) -> TestResult {
-    let remote = p.remote(4096, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+fn deregistered_region(pair: &mut Pair) -> TestResult {
+    let remote = pair.remote(4096, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     let addr = remote.addr;
-    let soft = is_soft_key(&remote.rkey, p.resource.md.name());
-    p.target.free(&remote)?;
-    let e = p.expect_failure("put to deregistered", |ep, _| {
+    let soft = is_soft_key(&remote.rkey, pair.resource.md.name());
+    pair.target.free(&remote)?;
+    let e = pair.expect_failure("put to deregistered", |ep, _| {
         ep.put_bcopy(&[1u8; 8], addr, &rkey)
     })?;
     if soft {
@@ -211,16 +213,16 @@ fn deregistered_region(p: &mut Pair) -> TestResult {
     Ok(())
 }
 
-fn wrong_memory_type(p: &mut Pair) -> TestResult {
-    if p.attrs().mem_types.contains(&MemoryType::Gaudi) {
+fn wrong_memory_type(pair: &mut Pair) -> TestResult {
+    if pair.attrs().mem_types.contains(&MemoryType::Gaudi) {
         return Ok(());
     }
-    let remote = p.remote(4096, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+    let remote = pair.remote(4096, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     let dev = fake_device_memory(MemoryType::Gaudi);
     let addr = remote.addr;
-    let e = p.expect_failure("put from gaudi memory", |ep, c| {
-        ep.put_zcopy(&[Iov::new(&dev, 0, 64)], addr, &rkey, Some(c))
+    let e = pair.expect_failure("put from gaudi memory", |ep, comp| {
+        ep.put_zcopy(&[Iov::new(&dev, 0, 64)], addr, &rkey, Some(comp))
     })?;
     ensure!(
         matches!(
@@ -239,11 +241,11 @@ fn wrong_memory_type(p: &mut Pair) -> TestResult {
     Ok(())
 }
 
-fn misaligned_atomic(p: &mut Pair) -> TestResult {
-    let remote = p.remote(64, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+fn misaligned_atomic(pair: &mut Pair) -> TestResult {
+    let remote = pair.remote(64, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     let addr = remote.addr + 3;
-    let e = p.expect_failure("misaligned atomic", |ep, _| {
+    let e = pair.expect_failure("misaligned atomic", |ep, _| {
         ep.atomic_add(AtomicValue::U64(1), addr, &rkey)
     })?;
     ensure!(
@@ -253,15 +255,16 @@ fn misaligned_atomic(p: &mut Pair) -> TestResult {
     Ok(())
 }
 
-fn oversized_short(p: &mut Pair) -> TestResult {
-    let max = p.attrs().put.max_short;
-    let remote = p.remote(max + 64, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+fn oversized_short(pair: &mut Pair) -> TestResult {
+    let max = pair.attrs().put.max_short;
+    let remote = pair.remote(max + 64, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     let data = vec![1u8; max + 1];
-    let e =
-        p.ep.put_short(&data, remote.addr, &rkey)
-            .err()
-            .ok_or("a put_short over max_short was accepted")?;
+    let e = pair
+        .ep
+        .put_short(&data, remote.addr, &rkey)
+        .err()
+        .ok_or("a put_short over max_short was accepted")?;
     ensure!(
         matches!(e, UctError::InvalidParam(_)),
         "oversized put_short gave: {e}"
@@ -271,11 +274,13 @@ fn oversized_short(p: &mut Pair) -> TestResult {
 
 /// Closing the target iface makes operations fail with an error, without
 /// hangs.
-fn peer_closed(p: &mut Pair) -> TestResult {
-    p.target.close()?;
-    let c = Completion::new();
-    let r = p.post_wait("am to closed peer", &c, |ep, _| ep.am_bcopy(1, &[0u8; 8]));
-    let r = r.and_then(|_| p.flush());
+fn peer_closed(pair: &mut Pair) -> TestResult {
+    pair.target.close()?;
+    let comp = Completion::new();
+    let r = pair.post_wait("am to closed peer", &comp, |ep, _| {
+        ep.am_bcopy(1, &[0u8; 8])
+    });
+    let r = r.and_then(|_| pair.flush());
     ensure!(
         r.is_err(),
         "operations on an endpoint whose peer closed still succeed"
@@ -286,36 +291,38 @@ fn peer_closed(p: &mut Pair) -> TestResult {
 /// The target process is killed in the middle of a stream of puts: the
 /// pending operations and the flush after them fail with an error, in
 /// bounded time.
-fn peer_killed(p: &mut Pair) -> TestResult {
+fn peer_killed(pair: &mut Pair) -> TestResult {
     let piece = 64 << 10;
-    let local = p.alloc(piece, Access::all_rights())?;
-    let remote = p.remote(16 * piece, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+    let local = pair.alloc(piece, Access::all_rights())?;
+    let remote = pair.remote(16 * piece, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     let comp = Completion::new();
     let t0 = std::time::Instant::now();
     let mut failed_at_post = None;
     for i in 0..64usize {
         if i == 16 {
-            ensure!(p.target.kill()?, "the target has no process to kill");
+            ensure!(pair.target.kill()?, "the target has no process to kill");
         }
         let iov = [Iov::new(&local, 0, piece)];
         let addr = remote.addr + ((i % 16) * piece) as u64;
-        match p.ep.put_zcopy(&iov, addr, &rkey, Some(&comp)) {
+        match pair.ep.put_zcopy(&iov, addr, &rkey, Some(&comp)) {
             Ok(_) => {}
             Err(e) => {
                 failed_at_post = Some(e);
                 break;
             }
         }
-        p.progress();
+        pair.progress();
     }
-    let flushed = p.flush();
+    let flushed = pair.flush();
     ensure!(
         failed_at_post.is_some() || flushed.is_err(),
         "puts and flush to a killed peer all succeeded"
     );
-    let c = comp.clone();
-    p.wait_for("pending puts after the peer died", |_| Ok(c.is_complete()))?;
+    let fired = comp.clone();
+    pair.wait_for("pending puts after the peer died", |_| {
+        Ok(fired.is_complete())
+    })?;
     ensure!(t0.elapsed() < WAIT, "failure took {:?}", t0.elapsed());
     Ok(())
 }

@@ -20,64 +20,66 @@ pub fn cases() -> Vec<Case> {
 
 /// Posts a put_zcopy, progressing while the transport says NoResource.
 pub(crate) fn put_retrying(
-    p: &mut Pair,
+    pair: &mut Pair,
     iov: &[Iov<'_>],
     addr: u64,
     rkey: &uct_core::RemoteKey,
     comp: &Completion,
 ) -> TestResult {
     let t0 = std::time::Instant::now();
-    while let Status::NoResource =
-        p.ep.put_zcopy(iov, addr, rkey, Some(comp))
-            .ctx("put_zcopy")?
+    while let Status::NoResource = pair
+        .ep
+        .put_zcopy(iov, addr, rkey, Some(comp))
+        .ctx("put_zcopy")?
     {
-        p.progress();
+        pair.progress();
         ensure!(t0.elapsed() < WAIT, "no send resources for {WAIT:?}");
     }
     Ok(())
 }
 
 /// Many puts without waiting, then one flush: everything has landed.
-fn flush_stream(p: &mut Pair) -> TestResult {
+fn flush_stream(pair: &mut Pair) -> TestResult {
     let n = 64usize;
     let piece = 4096usize;
-    let local = p.alloc(n * piece, Access::all_rights())?;
-    let remote = p.remote(n * piece, Access::all_rights())?;
+    let local = pair.alloc(n * piece, Access::all_rights())?;
+    let remote = pair.remote(n * piece, Access::all_rights())?;
     let data = pattern(n * piece, 2000);
     local.write(0, &data).ctx("fill")?;
-    let rkey = p.rkey(&remote)?;
+    let rkey = pair.rkey(&remote)?;
     let comp = Completion::new();
     for i in 0..n {
         let iov = [Iov::new(&local, i * piece, piece)];
-        put_retrying(p, &iov, remote.addr + (i * piece) as u64, &rkey, &comp)?;
+        put_retrying(pair, &iov, remote.addr + (i * piece) as u64, &rkey, &comp)?;
     }
-    p.flush().ctx("flush")?;
-    let c = comp.clone();
-    p.wait_for("put completions", |_| Ok(c.is_complete()))?;
+    pair.flush().ctx("flush")?;
+    let fired = comp.clone();
+    pair.wait_for("put completions", |_| Ok(fired.is_complete()))?;
     comp.result().ctx("put completion")?;
     ensure!(
-        p.remote_read(&remote, 0, n * piece)? == data,
+        pair.remote_read(&remote, 0, n * piece)? == data,
         "data missing after flush"
     );
     Ok(())
 }
 
 /// A put after a fence is not overtaken by one before it.
-fn fence(p: &mut Pair) -> TestResult {
-    let remote = p.remote(4096, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+fn fence(pair: &mut Pair) -> TestResult {
+    let remote = pair.remote(4096, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     for round in 0..50u64 {
         let a = pattern(512, 3000 + round);
         let b = pattern(512, 4000 + round);
-        let c = Completion::new();
-        p.post_wait("put a", &c, |ep, _| ep.put_bcopy(&a, remote.addr, &rkey))
+        let comp = Completion::new();
+        pair.post_wait("put a", &comp, |ep, _| ep.put_bcopy(&a, remote.addr, &rkey))
             .ctx("put")?;
-        p.post_wait("fence", &c, |ep, _| ep.fence()).ctx("fence")?;
-        p.post_wait("put b", &c, |ep, _| ep.put_bcopy(&b, remote.addr, &rkey))
+        pair.post_wait("fence", &comp, |ep, _| ep.fence())
+            .ctx("fence")?;
+        pair.post_wait("put b", &comp, |ep, _| ep.put_bcopy(&b, remote.addr, &rkey))
             .ctx("put")?;
-        p.flush().ctx("flush")?;
+        pair.flush().ctx("flush")?;
         ensure!(
-            p.remote_read(&remote, 0, 512)? == b,
+            pair.remote_read(&remote, 0, 512)? == b,
             "round {round}: the put before the fence landed last"
         );
     }
@@ -86,25 +88,25 @@ fn fence(p: &mut Pair) -> TestResult {
 
 /// Sending faster than the receiver drains ends in NoResource or is
 /// absorbed; either way every message arrives exactly once and in order.
-fn back_pressure(p: &mut Pair) -> TestResult {
-    p.target.listen(2)?;
+fn back_pressure(pair: &mut Pair) -> TestResult {
+    pair.target.listen(2)?;
     let total = 20_000u64;
     let mut sent = 0u64;
     let mut refusals = 0u64;
     let t0 = std::time::Instant::now();
     while sent < total {
-        match p.ep.am_bcopy(2, &sent.to_le_bytes()).ctx("am_bcopy")? {
+        match pair.ep.am_bcopy(2, &sent.to_le_bytes()).ctx("am_bcopy")? {
             Status::Done | Status::InProgress => sent += 1,
             Status::NoResource => {
                 refusals += 1;
                 // Only now let the receiver drain.
-                p.progress();
+                pair.progress();
             }
         }
         ensure!(t0.elapsed() < WAIT, "sent {sent} of {total} in {WAIT:?}");
     }
-    p.wait_inbox(2, total as usize)?;
-    for (i, d) in p.target.take_inbox(2)?.iter().enumerate() {
+    pair.wait_inbox(2, total as usize)?;
+    for (i, d) in pair.target.take_inbox(2)?.iter().enumerate() {
         let seq = u64::from_le_bytes(
             d.get(..8)
                 .and_then(|b| b.try_into().ok())
@@ -114,7 +116,7 @@ fn back_pressure(p: &mut Pair) -> TestResult {
     }
     log::info!(
         "{}: back_pressure: {refusals} NoResource answers for {total} messages",
-        p.resource.tl.transport
+        pair.resource.tl.transport
     );
     Ok(())
 }

@@ -35,8 +35,13 @@ const OFF: usize = 24 + 3;
 /// Largest zero-copy size tried.
 const ZCOPY_CAP: usize = 4 << 20;
 
-pub(crate) fn check_remote(p: &mut Pair, remote: &RemoteMem, at: usize, want: &[u8]) -> TestResult {
-    let got = p.remote_read(remote, at, want.len())?;
+pub(crate) fn check_remote(
+    pair: &mut Pair,
+    remote: &RemoteMem,
+    at: usize,
+    want: &[u8],
+) -> TestResult {
+    let got = pair.remote_read(remote, at, want.len())?;
     if got != want {
         let first = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
         return Err(format!(
@@ -51,59 +56,61 @@ type BufferedPut =
     fn(&mut dyn Endpoint, &[u8], u64, &RemoteKey) -> Result<Status, uct_core::UctError>;
 
 /// Put short and put bcopy: the same checks at every size up to `max`.
-fn put_buffered(p: &mut Pair, what: &str, max: usize, seed: u64, op: BufferedPut) -> TestResult {
-    let remote = p.remote(max + OFF, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+fn put_buffered(pair: &mut Pair, what: &str, max: usize, seed: u64, op: BufferedPut) -> TestResult {
+    let remote = pair.remote(max + OFF, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     for (i, len) in sizes(max, 1 << 20).into_iter().enumerate() {
         let data = pattern(len, seed + i as u64);
         let addr = remote.addr + OFF as u64;
-        let c = Completion::new();
-        p.post_wait(what, &c, |ep, _| op(ep, &data, addr, &rkey))
+        let comp = Completion::new();
+        pair.post_wait(what, &comp, |ep, _| op(ep, &data, addr, &rkey))
             .ctx(what)?;
-        p.flush().ctx("flush")?;
-        check_remote(p, &remote, OFF, &data)?;
+        pair.flush().ctx("flush")?;
+        check_remote(pair, &remote, OFF, &data)?;
     }
     Ok(())
 }
 
-fn put_short(p: &mut Pair) -> TestResult {
-    let max = p.attrs().put.max_short;
-    put_buffered(p, "put_short", max, 0, |ep, d, a, k| ep.put_short(d, a, k))
+fn put_short(pair: &mut Pair) -> TestResult {
+    let max = pair.attrs().put.max_short;
+    put_buffered(pair, "put_short", max, 0, |ep, d, a, k| {
+        ep.put_short(d, a, k)
+    })
 }
 
-fn put_bcopy(p: &mut Pair) -> TestResult {
-    let max = p.attrs().put.max_bcopy;
-    put_buffered(p, "put_bcopy", max, 100, |ep, d, a, k| {
+fn put_bcopy(pair: &mut Pair) -> TestResult {
+    let max = pair.attrs().put.max_bcopy;
+    put_buffered(pair, "put_bcopy", max, 100, |ep, d, a, k| {
         ep.put_bcopy(d, a, k)
     })
 }
 
-fn put_zcopy(p: &mut Pair) -> TestResult {
-    let max = p.attrs().put.max_zcopy.min(ZCOPY_CAP);
-    let local = p.alloc(max, Access::all_rights())?;
-    let remote = p.remote(max + OFF, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+fn put_zcopy(pair: &mut Pair) -> TestResult {
+    let max = pair.attrs().put.max_zcopy.min(ZCOPY_CAP);
+    let local = pair.alloc(max, Access::all_rights())?;
+    let remote = pair.remote(max + OFF, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     for (i, len) in sizes(max, ZCOPY_CAP).into_iter().enumerate() {
         let data = pattern(len, 200 + i as u64);
         local.write(0, &data).ctx("fill local")?;
         let addr = remote.addr + OFF as u64;
-        let c = Completion::new();
-        p.post_wait("put_zcopy", &c, |ep, c| {
-            ep.put_zcopy(&[Iov::new(&local, 0, len)], addr, &rkey, Some(c))
+        let comp = Completion::new();
+        pair.post_wait("put_zcopy", &comp, |ep, comp| {
+            ep.put_zcopy(&[Iov::new(&local, 0, len)], addr, &rkey, Some(comp))
         })
         .ctx("put_zcopy")?;
-        p.flush().ctx("flush")?;
-        check_remote(p, &remote, OFF, &data)?;
+        pair.flush().ctx("flush")?;
+        check_remote(pair, &remote, OFF, &data)?;
     }
     Ok(())
 }
 
 /// Pieces of different handles and offsets gathered into one remote range.
-fn put_zcopy_iov(p: &mut Pair) -> TestResult {
-    let n = p.attrs().put.max_iov.clamp(1, 4);
+fn put_zcopy_iov(pair: &mut Pair) -> TestResult {
+    let n = pair.attrs().put.max_iov.clamp(1, 4);
     let piece = 1000;
     let locals: Vec<_> = (0..n)
-        .map(|_| p.alloc(piece + 7, Access::all_rights()))
+        .map(|_| pair.alloc(piece + 7, Access::all_rights()))
         .collect::<Result<_, _>>()?;
     let mut want = Vec::new();
     for (i, l) in locals.iter().enumerate() {
@@ -111,48 +118,52 @@ fn put_zcopy_iov(p: &mut Pair) -> TestResult {
         l.write(7, &d).ctx("fill local")?;
         want.extend_from_slice(&d);
     }
-    let remote = p.remote(want.len() + OFF, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+    let remote = pair.remote(want.len() + OFF, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 7, piece)).collect();
     let addr = remote.addr + OFF as u64;
-    let c = Completion::new();
-    p.post_wait("put_zcopy iov", &c, |ep, c| {
-        ep.put_zcopy(&iov, addr, &rkey, Some(c))
+    let comp = Completion::new();
+    pair.post_wait("put_zcopy iov", &comp, |ep, comp| {
+        ep.put_zcopy(&iov, addr, &rkey, Some(comp))
     })
     .ctx("put_zcopy")?;
-    p.flush().ctx("flush")?;
-    check_remote(p, &remote, OFF, &want)
+    pair.flush().ctx("flush")?;
+    check_remote(pair, &remote, OFF, &want)
 }
 
-fn get_short(p: &mut Pair) -> TestResult {
-    let max = p.attrs().get.max_short;
-    let remote = p.remote(max + OFF, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+fn get_short(pair: &mut Pair) -> TestResult {
+    let max = pair.attrs().get.max_short;
+    let remote = pair.remote(max + OFF, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     for (i, len) in sizes(max, usize::MAX).into_iter().enumerate() {
         let data = pattern(len, 400 + i as u64);
-        p.remote_write(&remote, OFF, &data)?;
+        pair.remote_write(&remote, OFF, &data)?;
         let mut buf = vec![0u8; len];
         let addr = remote.addr + OFF as u64;
-        let c = Completion::new();
-        p.post_wait("get_short", &c, |ep, _| ep.get_short(&mut buf, addr, &rkey))
-            .ctx("get_short")?;
+        let comp = Completion::new();
+        pair.post_wait("get_short", &comp, |ep, _| {
+            ep.get_short(&mut buf, addr, &rkey)
+        })
+        .ctx("get_short")?;
         ensure!(buf == data, "get_short of {len} bytes returned other bytes");
     }
     Ok(())
 }
 
-fn get_bcopy(p: &mut Pair) -> TestResult {
-    let max = p.attrs().get.max_bcopy;
-    let remote = p.remote(max + OFF, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+fn get_bcopy(pair: &mut Pair) -> TestResult {
+    let max = pair.attrs().get.max_bcopy;
+    let remote = pair.remote(max + OFF, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     for (i, len) in sizes(max, 1 << 20).into_iter().enumerate() {
         let data = pattern(len, 500 + i as u64);
-        p.remote_write(&remote, OFF, &data)?;
+        pair.remote_write(&remote, OFF, &data)?;
         let addr = remote.addr + OFF as u64;
-        let c = Completion::new();
-        p.post_wait("get_bcopy", &c, |ep, c| ep.get_bcopy(len, addr, &rkey, c))
-            .ctx("get_bcopy")?;
-        match c.take_data() {
+        let comp = Completion::new();
+        pair.post_wait("get_bcopy", &comp, |ep, comp| {
+            ep.get_bcopy(len, addr, &rkey, comp)
+        })
+        .ctx("get_bcopy")?;
+        match comp.take_data() {
             Some(CompletionData::Bytes(b)) => {
                 ensure!(b == data, "get_bcopy of {len} bytes returned other bytes")
             }
@@ -162,18 +173,18 @@ fn get_bcopy(p: &mut Pair) -> TestResult {
     Ok(())
 }
 
-fn get_zcopy(p: &mut Pair) -> TestResult {
-    let max = p.attrs().get.max_zcopy.min(ZCOPY_CAP);
-    let local = p.alloc(max, Access::all_rights())?;
-    let remote = p.remote(max + OFF, Access::all_rights())?;
-    let rkey = p.rkey(&remote)?;
+fn get_zcopy(pair: &mut Pair) -> TestResult {
+    let max = pair.attrs().get.max_zcopy.min(ZCOPY_CAP);
+    let local = pair.alloc(max, Access::all_rights())?;
+    let remote = pair.remote(max + OFF, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
     for (i, len) in sizes(max, ZCOPY_CAP).into_iter().enumerate() {
         let data = pattern(len, 600 + i as u64);
-        p.remote_write(&remote, OFF, &data)?;
+        pair.remote_write(&remote, OFF, &data)?;
         let addr = remote.addr + OFF as u64;
-        let c = Completion::new();
-        p.post_wait("get_zcopy", &c, |ep, c| {
-            ep.get_zcopy(&[Iov::new(&local, 0, len)], addr, &rkey, Some(c))
+        let comp = Completion::new();
+        pair.post_wait("get_zcopy", &comp, |ep, comp| {
+            ep.get_zcopy(&[Iov::new(&local, 0, len)], addr, &rkey, Some(comp))
         })
         .ctx("get_zcopy")?;
         let mut got = vec![0u8; len];
@@ -183,21 +194,21 @@ fn get_zcopy(p: &mut Pair) -> TestResult {
     Ok(())
 }
 
-fn get_zcopy_iov(p: &mut Pair) -> TestResult {
-    let n = p.attrs().get.max_iov.clamp(1, 4);
+fn get_zcopy_iov(pair: &mut Pair) -> TestResult {
+    let n = pair.attrs().get.max_iov.clamp(1, 4);
     let piece = 777;
-    let remote = p.remote(n * piece + OFF, Access::all_rights())?;
+    let remote = pair.remote(n * piece + OFF, Access::all_rights())?;
     let data = pattern(n * piece, 700);
-    p.remote_write(&remote, OFF, &data)?;
-    let rkey = p.rkey(&remote)?;
+    pair.remote_write(&remote, OFF, &data)?;
+    let rkey = pair.rkey(&remote)?;
     let locals: Vec<_> = (0..n)
-        .map(|_| p.alloc(piece + 5, Access::all_rights()))
+        .map(|_| pair.alloc(piece + 5, Access::all_rights()))
         .collect::<Result<_, _>>()?;
     let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 5, piece)).collect();
     let addr = remote.addr + OFF as u64;
-    let c = Completion::new();
-    p.post_wait("get_zcopy iov", &c, |ep, c| {
-        ep.get_zcopy(&iov, addr, &rkey, Some(c))
+    let comp = Completion::new();
+    pair.post_wait("get_zcopy iov", &comp, |ep, comp| {
+        ep.get_zcopy(&iov, addr, &rkey, Some(comp))
     })
     .ctx("get_zcopy")?;
     for (i, l) in locals.iter().enumerate() {

@@ -170,35 +170,36 @@ struct Side {
     _host: Vec<Box<[u8]>>,
 }
 
-fn open_side(reg: &Registry, o: &Opts, nbufs: usize) -> Result<Side> {
-    let device = o.device.as_ref().map(|d| {
-        if o.transport == "rc" {
-            format!("{d}:{}", o.ib_port)
+fn open_side(reg: &Registry, opts: &Opts, nbufs: usize) -> Result<Side> {
+    let device = opts.device.as_ref().map(|d| {
+        if opts.transport == "rc" {
+            format!("{d}:{}", opts.ib_port)
         } else {
             d.clone()
         }
     });
-    let res = reg.find_resource(&o.transport, device.as_deref())?;
+    let res = reg.find_resource(&opts.transport, device.as_deref())?;
     let mut iface = res
         .component
         .open_iface(&res.md, &res.tl, &IfaceParams::default())?;
     let mut host = Vec::new();
     let mut bufs = Vec::new();
     for _ in 0..nbufs {
-        bufs.push(alloc(reg, iface.as_ref(), o.mem, o.size, &mut host)?);
+        bufs.push(alloc(reg, iface.as_ref(), opts.mem, opts.size, &mut host)?);
     }
-    let stage = if o.mem.is_host_accessible() {
+    let stage = if opts.mem.is_host_accessible() {
         None
     } else {
         let refs: Vec<&MemHandle> = bufs.iter().collect();
-        Some(Stage::open(reg, &mut iface, o.size, &refs)?)
+        Some(Stage::open(reg, &mut iface, opts.size, &refs)?)
     };
     let received = Arc::new(Mutex::new(Vec::new()));
-    let r = received.clone();
+    let inbox = received.clone();
     iface.set_am_handler(
         AM_ID,
         Box::new(move |m| {
-            r.lock()
+            inbox
+                .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(m.data.to_vec())
         }),
@@ -206,12 +207,12 @@ fn open_side(reg: &Registry, o: &Opts, nbufs: usize) -> Result<Side> {
     let ep = iface.create_ep(EpParams::Unconnected)?;
     eprintln!(
         "dmabuf-demo: {} on {}, {} memory ({} x {} bytes{})",
-        o.transport,
+        opts.transport,
         res.tl.device,
-        o.mem,
+        opts.mem,
         nbufs,
-        o.size,
-        if o.mem.is_host_accessible() {
+        opts.size,
+        if opts.mem.is_host_accessible() {
             String::new()
         } else {
             format!(
@@ -226,7 +227,7 @@ fn open_side(reg: &Registry, o: &Opts, nbufs: usize) -> Result<Side> {
         bufs,
         stage,
         received,
-        timeout: Duration::from_secs(o.timeout),
+        timeout: Duration::from_secs(opts.timeout),
         _host: host,
     })
 }
@@ -299,12 +300,12 @@ impl Side {
     }
 
     fn take_am(&mut self) -> Result<Vec<u8>> {
-        let r = self.received.clone();
+        let inbox = self.received.clone();
         let mut got = None;
         self.until("a Send/Recv message", |_| {
-            let mut q = r.lock().unwrap_or_else(|p| p.into_inner());
-            if !q.is_empty() {
-                got = Some(q.remove(0));
+            let mut queue = inbox.lock().unwrap_or_else(|p| p.into_inner());
+            if !queue.is_empty() {
+                got = Some(queue.remove(0));
             }
             got.is_some()
         })?;
@@ -333,16 +334,16 @@ fn mib_s(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / (1u64 << 20) as f64 / d.as_secs_f64().max(1e-9)
 }
 
-fn server(o: Opts) -> Result<()> {
+fn server(opts: Opts) -> Result<()> {
     let reg = Registry::global();
-    let mut side = open_side(reg, &o, 1)?;
-    let l = BootstrapListener::bind(("0.0.0.0", o.port), Duration::from_secs(24 * 3600))?;
+    let mut side = open_side(reg, &opts, 1)?;
+    let listener = BootstrapListener::bind(("0.0.0.0", opts.port), Duration::from_secs(24 * 3600))?;
     eprintln!(
         "dmabuf-demo server: waiting for a client on port {}",
-        o.port
+        opts.port
     );
-    let mut ch = l.accept()?;
-    drop(l);
+    let mut ch = listener.accept()?;
+    drop(listener);
     let (size, iters, their_mem, dev, ep_addr) = match ch.recv_msg::<Msg>()? {
         Msg::Hello {
             size,
@@ -357,19 +358,19 @@ fn server(o: Opts) -> Result<()> {
             )))
         }
     };
-    if size as usize != o.size || iters != o.iters {
+    if size as usize != opts.size || iters != opts.iters {
         let why = format!(
             "size/iterations: client {size}/{iters}, server {}/{}; start both with the same -s and -n",
-            o.size, o.iters
+            opts.size, opts.iters
         );
         let _ = ch.send_msg(&Msg::Refuse(why.clone()));
         return Err(DemoError::Refused(why));
     }
-    let am_size = (o.size as u64).min(side.iface.attrs().am.max_bcopy as u64);
+    let am_size = (opts.size as u64).min(side.iface.attrs().am.max_bcopy as u64);
     let md = side.iface.md().clone();
     let rkey = RkeyBundle::single(md.pack_rkey(&side.bufs[0])?).pack()?;
     ch.send_msg(&Msg::Welcome {
-        mem: o.mem.name().into(),
+        mem: opts.mem.name().into(),
         device_addr: side.iface.device_address(),
         ep_addr: side.ep.ep_address()?,
         buf_addr: side.bufs[0].addr(),
@@ -380,7 +381,7 @@ fn server(o: Opts) -> Result<()> {
     ch.barrier()?;
     eprintln!(
         "dmabuf-demo server: client connected ({their_mem} memory there, {} here)",
-        o.mem
+        opts.mem
     );
     // Send/Recv: verify each request, answer with a reply of its own.
     for i in 0..iters {
@@ -397,17 +398,17 @@ fn server(o: Opts) -> Result<()> {
         }
         match ch.recv_msg::<Msg>()? {
             Msg::Check { iter } => {
-                let (bad, ok) = if o.mem.is_host_accessible() {
-                    let data = side.read(0, o.size)?;
+                let (bad, ok) = if opts.mem.is_host_accessible() {
+                    let data = side.read(0, opts.size)?;
                     checked += 1;
-                    (check_pattern(&data, o.size, iter), true)
+                    (check_pattern(&data, opts.size, iter), true)
                 } else {
                     (None, false)
                 };
                 ch.send_msg(&Msg::Ack { bad, checked: ok })?;
             }
             Msg::Fill { iter } => {
-                side.fill(0, o.size, iter)?;
+                side.fill(0, opts.size, iter)?;
                 ch.send_msg(&Msg::Ack {
                     bad: None,
                     checked: true,
@@ -420,7 +421,7 @@ fn server(o: Opts) -> Result<()> {
                 })?;
                 println!(
                     "dmabuf-demo server: send/recv {iters} verified; rdma write checked here {checked} times{}; client says {}",
-                    if o.mem.is_host_accessible() {
+                    if opts.mem.is_host_accessible() {
                         ""
                     } else {
                         " (gaudi memory: the client verifies by reading back)"
@@ -445,16 +446,16 @@ fn ack(ch: &mut BootstrapChannel) -> Result<(Option<String>, bool)> {
     }
 }
 
-fn client(host: &str, o: Opts) -> Result<()> {
+fn client(host: &str, opts: Opts) -> Result<()> {
     let reg = Registry::global();
     // Buffer 0: source of writes; buffer 1: destination of reads.
-    let mut side = open_side(reg, &o, 2)?;
-    let timeout = Duration::from_secs(o.timeout);
-    let mut ch = BootstrapChannel::connect((host, o.port), timeout)?;
+    let mut side = open_side(reg, &opts, 2)?;
+    let timeout = Duration::from_secs(opts.timeout);
+    let mut ch = BootstrapChannel::connect((host, opts.port), timeout)?;
     ch.send_msg(&Msg::Hello {
-        size: o.size as u64,
-        iters: o.iters,
-        mem: o.mem.name().into(),
+        size: opts.size as u64,
+        iters: opts.iters,
+        mem: opts.mem.name().into(),
         device_addr: side.iface.device_address(),
         ep_addr: side.ep.ep_address()?,
     })?;
@@ -480,9 +481,9 @@ fn client(host: &str, o: Opts) -> Result<()> {
     let rkey: RemoteKey = reg.unpack_rkey(&rkey, md.name())?;
     println!(
         "dmabuf-demo client: connected to {host}; {} memory here, {their_mem} memory there; {} bytes x {} iterations",
-        o.mem, o.size, o.iters
+        opts.mem, opts.size, opts.iters
     );
-    let result = phases(&mut side, &mut ch, &o, raddr, &rkey, am_size as usize);
+    let result = phases(&mut side, &mut ch, &opts, raddr, &rkey, am_size as usize);
     let ok = result.is_ok();
     let _ = ch.send_msg(&Msg::Done { ok });
     let _ = ack(&mut ch);
@@ -494,36 +495,36 @@ fn client(host: &str, o: Opts) -> Result<()> {
 fn phases(
     side: &mut Side,
     ch: &mut BootstrapChannel,
-    o: &Opts,
+    opts: &Opts,
     raddr: u64,
     rkey: &RemoteKey,
     am_size: usize,
 ) -> Result<()> {
-    let n = o.iters;
-    let size = o.size;
+    let iters = opts.iters;
+    let size = opts.size;
     // Send/Recv.
     let t0 = Instant::now();
-    for i in 0..n {
+    for i in 0..iters {
         side.send_am(&pattern(am_size, i))?;
         let got = side.take_am()?;
         verify("send/recv (reply)", i, &got, i | REPLY)?;
     }
     println!(
-        "send/recv:  {n} round trips of {am_size} bytes, both directions verified ({:.1} us per round trip)",
-        t0.elapsed().as_secs_f64() * 1e6 / n.max(1) as f64
+        "send/recv:  {iters} round trips of {am_size} bytes, both directions verified ({:.1} us per round trip)",
+        t0.elapsed().as_secs_f64() * 1e6 / iters.max(1) as f64
     );
     // RDMA Write: local buffer 0 -> server; read back into buffer 1.
     let mut moved = Duration::ZERO;
     let mut server_checked = 0u64;
-    for i in 0..n {
+    for i in 0..iters {
         side.fill(0, size, i)?;
         let src = side.bufs[0].clone();
-        let t = Instant::now();
+        let started = Instant::now();
         side.post("an RDMA Write", |ep, c| {
             ep.put_zcopy(&[Iov::new(&src, 0, size)], raddr, rkey, Some(c))
         })?;
         side.post("a flush", |ep, c| ep.flush(Some(c)))?;
-        moved += t.elapsed();
+        moved += started.elapsed();
         ch.send_msg(&Msg::Check { iter: i })?;
         let (bad, checked) = ack(ch)?;
         if let Some(detail) = bad {
@@ -542,31 +543,31 @@ fn phases(
         verify("rdma write (read back)", i, &data, i)?;
     }
     println!(
-        "rdma write: {n} x {size} bytes verified by read-back{} ({:.1} MiB/s)",
-        if server_checked == n {
+        "rdma write: {iters} x {size} bytes verified by read-back{} ({:.1} MiB/s)",
+        if server_checked == iters {
             " and by the server"
         } else {
             " (the server's memory is not CPU-readable)"
         },
-        mib_s(n * size as u64, moved)
+        mib_s(iters * size as u64, moved)
     );
     // RDMA Read: the server fills, the client reads and checks.
     let mut moved = Duration::ZERO;
-    for i in 0..n {
+    for i in 0..iters {
         ch.send_msg(&Msg::Fill { iter: i | READ })?;
         ack(ch)?;
         let dst = side.bufs[1].clone();
-        let t = Instant::now();
+        let started = Instant::now();
         side.post("an RDMA Read", |ep, c| {
             ep.get_zcopy(&[Iov::new(&dst, 0, size)], raddr, rkey, Some(c))
         })?;
-        moved += t.elapsed();
+        moved += started.elapsed();
         let data = side.read(1, size)?;
         verify("rdma read", i, &data, i | READ)?;
     }
     println!(
-        "rdma read:  {n} x {size} bytes verified ({:.1} MiB/s)",
-        mib_s(n * size as u64, moved)
+        "rdma read:  {iters} x {size} bytes verified ({:.1} MiB/s)",
+        mib_s(iters * size as u64, moved)
     );
     Ok(())
 }
@@ -576,7 +577,7 @@ fn main() {
     uct_core::logging::init();
     let cli = Cli::parse();
     let (name, opts) = match &cli.role {
-        Role::Server(o) => ("server", o.clone()),
+        Role::Server(opts) => ("server", opts.clone()),
         Role::Client { opts, .. } => ("client", opts.clone()),
     };
     if let Some(g) = opts.gid_index {
@@ -585,7 +586,7 @@ fn main() {
         std::env::set_var("UCT_IB_GID_INDEX", g.to_string());
     }
     let r = match cli.role {
-        Role::Server(o) => server(o),
+        Role::Server(opts) => server(opts),
         Role::Client { host, opts } => client(&host, opts),
     };
     if let Err(e) = r {

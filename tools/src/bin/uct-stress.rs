@@ -72,8 +72,8 @@ fn mem_cycles(
         .first()
         .ok_or_else(|| format!("memory domain {md_name} does not allocate"))?;
     let nic_md = match nic {
-        Some(t) => Some(
-            reg.open_iface(t, None, &IfaceParams::default())
+        Some(transport) => Some(
+            reg.open_iface(transport, None, &IfaceParams::default())
                 .map_err(|e| e.to_string())?
                 .md()
                 .clone(),
@@ -83,23 +83,23 @@ fn mem_cycles(
     // Let lazily opened fds (logging, modules) settle before counting.
     drop(md.alloc(size, mem_type, Access::all_rights()));
     let before = open_fds();
-    let t0 = Instant::now();
+    let start = Instant::now();
     let mut done = 0u64;
-    while done < count && t0.elapsed() < Duration::from_secs(seconds) {
+    while done < count && start.elapsed() < Duration::from_secs(seconds) {
         let mem = md
             .alloc(size, mem_type, Access::all_rights())
             .map_err(|e| format!("cycle {done}: alloc: {e}"))?;
-        if let Some(q) = mem.query_owner() {
-            let info = q.map_err(|e| format!("cycle {done}: query: {e}"))?;
+        if let Some(query) = mem.query_owner() {
+            let info = query.map_err(|e| format!("cycle {done}: query: {e}"))?;
             if mem_type != MemoryType::Host && info.dmabuf.is_none() {
                 return Err(format!("cycle {done}: no DMA-buf for {mem_type} memory"));
             }
         }
-        if let Some(n) = &nic_md {
-            let r = n
+        if let Some(nic_md) = &nic_md {
+            let registered = nic_md
                 .register_handle(&mem, Access::all_rights())
-                .map_err(|e| format!("cycle {done}: register with {}: {e}", n.name()))?;
-            drop(r);
+                .map_err(|e| format!("cycle {done}: register with {}: {e}", nic_md.name()))?;
+            drop(registered);
         }
         drop(mem);
         done += 1;
@@ -113,102 +113,111 @@ fn mem_cycles(
     Ok(format!(
         "mem-cycles: {done} cycles of {size} bytes of {mem_type} memory on {md_name}{} in {:.1}s; fds {before} before and after",
         nic.map(|n| format!(", registered with {n}")).unwrap_or_default(),
-        t0.elapsed().as_secs_f64()
+        start.elapsed().as_secs_f64()
     ))
 }
 
 fn endpoints(transport: &str, device: Option<&str>, count: usize) -> Result<String, String> {
-    let e = |e: uct_core::UctError| e.to_string();
+    let text = |e: uct_core::UctError| e.to_string();
     let reg = Registry::global();
-    let p = IfaceParams::default();
-    let mut a = reg.open_iface(transport, device, &p).map_err(e)?;
-    let mut b = reg.open_iface(transport, device, &p).map_err(e)?;
-    let md = b.md().clone();
+    let params = IfaceParams::default();
+    let mut sender = reg.open_iface(transport, device, &params).map_err(text)?;
+    let mut receiver = reg.open_iface(transport, device, &params).map_err(text)?;
+    let md = receiver.md().clone();
     let chunk = 4096usize;
     let target = md
         .alloc(chunk * count, MemoryType::Host, Access::all_rights())
-        .map_err(e)?;
-    let src = a
+        .map_err(text)?;
+    let src = sender
         .md()
         .alloc(chunk * count, MemoryType::Host, Access::all_rights())
-        .map_err(e)?;
+        .map_err(text)?;
     let rkey = reg
         .unpack_rkey(
-            &RkeyBundle::single(md.pack_rkey(&target).map_err(e)?)
+            &RkeyBundle::single(md.pack_rkey(&target).map_err(text)?)
                 .pack()
-                .map_err(e)?,
+                .map_err(text)?,
             md.name(),
         )
-        .map_err(e)?;
-    let by_iface = a.attrs().caps.contains(uct_core::Caps::CONNECT_TO_IFACE);
+        .map_err(text)?;
+    let by_iface = sender
+        .attrs()
+        .caps
+        .contains(uct_core::Caps::CONNECT_TO_IFACE);
     let mut eps = Vec::new();
     let mut peers = Vec::new();
     for _ in 0..count {
         if by_iface {
             eps.push(
-                a.create_ep(EpParams::ToIface {
-                    device_addr: b.device_address(),
-                    iface_addr: b.iface_address(),
-                })
-                .map_err(e)?,
+                sender
+                    .create_ep(EpParams::ToIface {
+                        device_addr: receiver.device_address(),
+                        iface_addr: receiver.iface_address(),
+                    })
+                    .map_err(text)?,
             );
         } else {
-            let mut x = a.create_ep(EpParams::Unconnected).map_err(e)?;
-            let mut y = b.create_ep(EpParams::Unconnected).map_err(e)?;
-            let (xa, ya) = (x.ep_address().map_err(e)?, y.ep_address().map_err(e)?);
-            x.connect_to_ep(&b.device_address(), &ya).map_err(e)?;
-            y.connect_to_ep(&a.device_address(), &xa).map_err(e)?;
-            eps.push(x);
-            peers.push(y);
+            let mut ep = sender.create_ep(EpParams::Unconnected).map_err(text)?;
+            let mut peer = receiver.create_ep(EpParams::Unconnected).map_err(text)?;
+            let (ep_addr, peer_addr) = (
+                ep.ep_address().map_err(text)?,
+                peer.ep_address().map_err(text)?,
+            );
+            ep.connect_to_ep(&receiver.device_address(), &peer_addr)
+                .map_err(text)?;
+            peer.connect_to_ep(&sender.device_address(), &ep_addr)
+                .map_err(text)?;
+            eps.push(ep);
+            peers.push(peer);
         }
     }
     for i in 0..count {
         let pat: Vec<u8> = (0..chunk).map(|j| (i * 7 + j) as u8).collect();
-        src.write(i * chunk, &pat).map_err(e)?;
+        src.write(i * chunk, &pat).map_err(text)?;
     }
-    let t0 = Instant::now();
+    let start = Instant::now();
     let comps: Vec<Completion> = (0..count).map(|_| Completion::new()).collect();
     for (i, ep) in eps.iter_mut().enumerate() {
         loop {
-            let st = ep
+            let status = ep
                 .put_zcopy(
                     &[Iov::new(&src, i * chunk, chunk)],
                     target.addr() + (i * chunk) as u64,
                     &rkey,
                     Some(&comps[i]),
                 )
-                .map_err(|x| format!("endpoint {i}: put: {x}"))?;
-            if st != Status::NoResource {
+                .map_err(|err| format!("endpoint {i}: put: {err}"))?;
+            if status != Status::NoResource {
                 break;
             }
-            a.progress();
-            b.progress();
+            sender.progress();
+            receiver.progress();
         }
     }
     let flushes: Vec<Completion> = (0..count).map(|_| Completion::new()).collect();
     for (i, ep) in eps.iter_mut().enumerate() {
         loop {
-            let st = ep
+            let status = ep
                 .flush(Some(&flushes[i]))
-                .map_err(|x| format!("endpoint {i}: flush: {x}"))?;
-            if st != Status::NoResource {
+                .map_err(|err| format!("endpoint {i}: flush: {err}"))?;
+            if status != Status::NoResource {
                 break;
             }
-            a.progress();
-            b.progress();
+            sender.progress();
+            receiver.progress();
         }
     }
     while !(comps.iter().chain(&flushes).all(|c| c.is_complete())) {
-        a.progress();
-        b.progress();
-        if t0.elapsed() > Duration::from_secs(60) {
+        sender.progress();
+        receiver.progress();
+        if start.elapsed() > Duration::from_secs(60) {
             return Err("puts or flushes did not complete in 60 s".into());
         }
     }
     for c in comps.iter().chain(&flushes) {
-        c.result().map_err(e)?;
+        c.result().map_err(text)?;
     }
-    let got = target.to_vec().map_err(e)?;
+    let got = target.to_vec().map_err(text)?;
     for i in 0..count {
         let want: Vec<u8> = (0..chunk).map(|j| (i * 7 + j) as u8).collect();
         if got[i * chunk..(i + 1) * chunk] != want[..] {
@@ -218,14 +227,14 @@ fn endpoints(transport: &str, device: Option<&str>, count: usize) -> Result<Stri
     drop(peers);
     Ok(format!(
         "endpoints: {count} endpoints over {transport}, one {chunk}-byte put each, all verified in {:.1} ms",
-        t0.elapsed().as_secs_f64() * 1e3
+        start.elapsed().as_secs_f64() * 1e3
     ))
 }
 
 fn main() {
     uct_builtins::link();
     uct_core::logging::init();
-    let r = match Cli::parse().cmd {
+    let outcome = match Cli::parse().cmd {
         Cmd::MemCycles {
             md,
             nic,
@@ -239,7 +248,7 @@ fn main() {
             count,
         } => endpoints(&transport, device.as_deref(), count),
     };
-    match r {
+    match outcome {
         Ok(line) => println!("{line}"),
         Err(e) => {
             eprintln!("uct-stress: FAILED: {e}");

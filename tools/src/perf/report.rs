@@ -27,11 +27,11 @@ pub struct Row {
     pub msg_rate: f64,
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
+fn pct(sorted: &[f64], percent: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    let rank = ((percent / 100.0) * (sorted.len() - 1) as f64).round() as usize;
     sorted[rank.min(sorted.len() - 1)]
 }
 
@@ -40,34 +40,34 @@ impl Row {
         test: TestKind,
         transport: &str,
         layout: &'static str,
-        m: &Measurement,
+        measurement: &Measurement,
         percentile: f64,
     ) -> Row {
-        let mut s = m.samples.clone();
-        s.sort_by(|a, b| a.total_cmp(b));
-        let avg = if s.is_empty() {
+        let mut sorted = measurement.samples.clone();
+        sorted.sort_by(|a, b| a.total_cmp(b));
+        let avg = if sorted.is_empty() {
             0.0
         } else {
-            s.iter().sum::<f64>() / s.len() as f64
+            sorted.iter().sum::<f64>() / sorted.len() as f64
         };
-        let secs = m.total.as_secs_f64().max(1e-12);
+        let secs = measurement.total.as_secs_f64().max(1e-12);
         // Ping-pong tests move one message each way per iteration; the
         // bandwidth is that of one direction, as ucx_perftest reports it.
-        let bytes = m.size as f64 * m.iters as f64;
+        let bytes = measurement.size as f64 * measurement.iters as f64;
         let (bw, rate) = if test.is_latency() && avg > 0.0 {
-            (m.size as f64 / (avg * 1e-9), 1e9 / avg)
+            (measurement.size as f64 / (avg * 1e-9), 1e9 / avg)
         } else {
-            (bytes / secs, m.iters as f64 / secs)
+            (bytes / secs, measurement.iters as f64 / secs)
         };
         Row {
             test: test.name(),
             transport: transport.to_string(),
             layout,
-            size: m.size,
-            iterations: m.iters,
-            latency_p50_us: pct(&s, 50.0) / 1000.0,
+            size: measurement.size,
+            iterations: measurement.iters,
+            latency_p50_us: pct(&sorted, 50.0) / 1000.0,
             latency_avg_us: avg / 1000.0,
-            latency_pct_us: pct(&s, percentile) / 1000.0,
+            latency_pct_us: pct(&sorted, percentile) / 1000.0,
             percentile,
             bandwidth_mib_s: bw / (1u64 << 20) as f64,
             bandwidth_gbit_s: bw * 8.0 / 1e9,
@@ -90,18 +90,18 @@ pub fn table_header(percentile: f64, latency_test: bool) -> String {
     )
 }
 
-pub fn table_row(r: &Row) -> String {
+pub fn table_row(row: &Row) -> String {
     format!(
         "  {:>10} {:>10} {:>7} | {:>10.3} {:>10.3} {:>10.3} | {:>10.2} {:>11.3} | {:>12.0}",
-        crate::text::size(r.size as u64),
-        r.iterations,
-        r.layout,
-        r.latency_p50_us,
-        r.latency_avg_us,
-        r.latency_pct_us,
-        r.bandwidth_mib_s,
-        r.bandwidth_gbit_s,
-        r.msg_rate
+        crate::text::size(row.size as u64),
+        row.iterations,
+        row.layout,
+        row.latency_p50_us,
+        row.latency_avg_us,
+        row.latency_pct_us,
+        row.bandwidth_mib_s,
+        row.bandwidth_gbit_s,
+        row.msg_rate
     )
 }
 
@@ -109,20 +109,20 @@ pub fn csv_header() -> &'static str {
     "test,transport,layout,size,iterations,latency_p50_us,latency_avg_us,latency_pct_us,percentile,bandwidth_mib_s,bandwidth_gbit_s,msg_rate"
 }
 
-pub fn csv_row(r: &Row) -> String {
+pub fn csv_row(row: &Row) -> String {
     format!(
         "{},{},{},{},{},{:.4},{:.4},{:.4},{},{:.3},{:.4},{:.1}",
-        r.test,
-        r.transport,
-        r.layout,
-        r.size,
-        r.iterations,
-        r.latency_p50_us,
-        r.latency_avg_us,
-        r.latency_pct_us,
-        r.percentile,
-        r.bandwidth_mib_s,
-        r.bandwidth_gbit_s,
-        r.msg_rate
+        row.test,
+        row.transport,
+        row.layout,
+        row.size,
+        row.iterations,
+        row.latency_p50_us,
+        row.latency_avg_us,
+        row.latency_pct_us,
+        row.percentile,
+        row.bandwidth_mib_s,
+        row.bandwidth_gbit_s,
+        row.msg_rate
     )
 }

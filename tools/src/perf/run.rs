@@ -3,11 +3,11 @@
 //! confirms the end of every phase, so that bandwidth is counted only when
 //! the receiver has the data.
 //!
-//! A phase is: [`prepare`] (both sides reset what they count), then the
-//! client runs the loop of its test ([`client`]: ping-pong, a stream of
-//! puts or active messages, gets, fetching atomics or an add rate) while
-//! the server answers ([`server`]), then the client asks the server to
-//! confirm the end ([`Ctl::Done`]) and only then stops the clock.
+//! A [`phase`] is: `prepare` (both sides reset what they count), then the
+//! client runs the loop of its test (`client`: ping-pong, a stream of puts
+//! or active messages, gets, fetching atomics or an add rate) while the
+//! server answers (`server`), then the client asks the server to confirm
+//! the end (`Ctl::Done`) and only then stops the clock.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

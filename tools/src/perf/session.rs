@@ -98,24 +98,24 @@ pub fn open_iface(reg: &Registry, params: &Params) -> Result<Box<dyn Iface>> {
         .component
         .open_iface(&res.md, &res.tl, &IfaceParams::default())?;
     for mem in [&params.mem_send, &params.mem_recv] {
-        let t = MemoryType::parse(mem).map_err(|e| PerfError::Usage(e.to_string()))?;
+        let mem_type = MemoryType::parse(mem).map_err(|e| PerfError::Usage(e.to_string()))?;
         // A NIC that could carry device memory, were its driver able to
         // import DMA-buf, is refused at registration with its own message.
-        if !iface.attrs().mem_types.contains(&t) && iface.md().refusal(t).is_none() {
+        if !iface.attrs().mem_types.contains(&mem_type) && iface.md().refusal(mem_type).is_none() {
             return Err(PerfError::Usage(format!(
-                "{} cannot use {t} memory: it moves {} memory only; {t} memory needs an RDMA NIC with DMA-buf support, e.g. `perftest -t rc -m {t}` on mlx5, efa, irdma or bnxt_re",
+                "{} cannot use {mem_type} memory: it moves {} memory only; {mem_type} memory needs an RDMA NIC with DMA-buf support, e.g. `perftest -t rc -m {mem_type}` on mlx5, efa, irdma or bnxt_re",
                 params.transport,
-                iface.attrs().mem_types.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
+                iface.attrs().mem_types.iter().map(|known| known.name()).collect::<Vec<_>>().join(", ")
             )));
         }
-        if !t.is_host_accessible()
+        if !mem_type.is_host_accessible()
             && matches!(
                 params.test,
                 super::params::TestKind::PutLat | super::params::TestKind::AmLat
             )
         {
             return Err(PerfError::Usage(format!(
-                "{} writes and polls its buffers with the CPU, which cannot touch {t} memory; use put_bw, get_bw, get_lat, am_bw or add_lat",
+                "{} writes and polls its buffers with the CPU, which cannot touch {mem_type} memory; use put_bw, get_bw, get_lat, am_bw or add_lat",
                 params.test.name()
             )));
         }
@@ -293,21 +293,22 @@ impl Session {
         let peer_rkey = reg.unpack_rkey(&theirs.rkey, md.name())?;
         let am = Arc::new(AmState::default());
         if caps.intersects(Caps::AM) {
-            let st = am.clone();
+            let am_state = am.clone();
             iface.set_am_handler(
                 AM_ID,
-                Box::new(move |m| {
+                Box::new(move |msg| {
                     // Only this iface's progress (one thread) counts: a
                     // plain store is enough and cheaper than an atomic add.
-                    let n = st.count.load(Ordering::Relaxed);
-                    st.count.store(n + 1, Ordering::Release);
-                    if st.validate.load(Ordering::Relaxed) {
-                        let size = st.size.load(Ordering::Relaxed) as usize;
-                        if let Some(why) = super::pattern::check_pattern(m.data, size, n) {
-                            st.first_bad
+                    let seen = am_state.count.load(Ordering::Relaxed);
+                    am_state.count.store(seen + 1, Ordering::Release);
+                    if am_state.validate.load(Ordering::Relaxed) {
+                        let size = am_state.size.load(Ordering::Relaxed) as usize;
+                        if let Some(why) = super::pattern::check_pattern(msg.data, size, seen) {
+                            am_state
+                                .first_bad
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
-                                .get_or_insert((n, why));
+                                .get_or_insert((seen, why));
                         }
                     }
                 }),

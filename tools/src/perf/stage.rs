@@ -47,12 +47,12 @@ impl Stage {
             })?;
             (ep, None)
         } else {
-            let mut a = iface.create_ep(EpParams::Unconnected)?;
-            let mut b = iface.create_ep(EpParams::Unconnected)?;
-            let (aa, ba) = (a.ep_address()?, b.ep_address()?);
-            a.connect_to_ep(&dev, &ba)?;
-            b.connect_to_ep(&dev, &aa)?;
-            (a, Some(b))
+            let mut ep = iface.create_ep(EpParams::Unconnected)?;
+            let mut peer = iface.create_ep(EpParams::Unconnected)?;
+            let (ep_addr, peer_addr) = (ep.ep_address()?, peer.ep_address()?);
+            ep.connect_to_ep(&dev, &peer_addr)?;
+            peer.connect_to_ep(&dev, &ep_addr)?;
+            (ep, Some(peer))
         };
         Ok(Stage {
             host,
