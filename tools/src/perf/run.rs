@@ -242,6 +242,45 @@ fn client(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Res
     })
 }
 
+/// The per-iteration times of one phase, in nanoseconds, on the process's
+/// calibrated clock.
+struct Samples {
+    clock: Clock,
+    times: Vec<f64>,
+    /// When the previous interval ended, in ticks.
+    last: u64,
+}
+
+impl Samples {
+    fn new(iters: u64) -> Samples {
+        let clock = clock();
+        Samples {
+            clock,
+            times: Vec::with_capacity(iters as usize),
+            last: clock.now(),
+        }
+    }
+
+    /// Now, in ticks.
+    fn now(&self) -> u64 {
+        self.clock.now()
+    }
+
+    /// Records the time since `start` (ticks), divided by `divisor`.
+    fn since(&mut self, start: u64, divisor: f64) {
+        let elapsed = self.clock.now().wrapping_sub(start);
+        self.times.push(self.clock.ns(elapsed) / divisor);
+    }
+
+    /// Records the time since the previous interval ended (the posting
+    /// interval of bandwidth and rate tests).
+    fn interval(&mut self) {
+        let now = self.clock.now();
+        self.times.push(self.clock.ns(now.wrapping_sub(self.last)));
+        self.last = now;
+    }
+}
+
 /// put_lat, am_lat, add_lat: ping, wait for the pong; half the round trip.
 fn client_pingpong(
     session: &mut Session,
@@ -249,15 +288,23 @@ fn client_pingpong(
     size: usize,
     iters: u64,
 ) -> Result<Vec<f64>> {
-    let clock = clock();
-    let mut samples = Vec::with_capacity(iters as usize);
+    let mut samples = Samples::new(iters);
     for iter in 0..iters {
-        let sent = clock.now();
+        let sent = samples.now();
         ping(session, layout, size, iter)?;
         pong_arrived(session, size, iter)?;
-        samples.push(clock.ns(clock.now().wrapping_sub(sent)) / 2.0);
+        samples.since(sent, 2.0);
     }
-    Ok(samples)
+    Ok(samples.times)
+}
+
+/// Progresses until fewer than `--outstanding` operations of `comp` are in
+/// flight.
+fn within_window(session: &mut Session, comp: &Completion) {
+    let outstanding = session.params.outstanding.max(1);
+    while comp.pending() >= outstanding {
+        session.iface.progress();
+    }
 }
 
 /// put_bw, am_bw: keep up to `--outstanding` transfers in flight; with
@@ -269,13 +316,9 @@ fn client_stream(
     size: usize,
     iters: u64,
 ) -> Result<Vec<f64>> {
-    let test = session.params.test;
     let validate = session.params.validate;
-    let outstanding = session.params.outstanding.max(1);
-    let clock = clock();
-    let mut samples = Vec::with_capacity(iters as usize);
+    let mut samples = Samples::new(iters);
     let comp = Completion::new();
-    let mut last = clock.now();
     for iter in 0..iters {
         if validate {
             fill_send(session, size, iter)?;
@@ -284,63 +327,52 @@ fn client_stream(
         if validate {
             wait(session, &comp, "the transfer")?;
             flush(session)?;
-            if test == TestKind::PutBw {
+            if session.params.test == TestKind::PutBw {
                 if let Some(bad) = ctl(session, &Ctl::Check { iter })? {
                     return Err(fail(session, size, bad));
                 }
             }
         }
-        while comp.pending() >= outstanding {
-            session.iface.progress();
-        }
-        let now = clock.now();
-        samples.push(clock.ns(now.wrapping_sub(last)));
-        last = now;
+        within_window(session, &comp);
+        samples.interval();
     }
     wait(session, &comp, "the last transfers")?;
     comp.result()?;
     flush(session)?;
-    Ok(samples)
+    Ok(samples.times)
 }
 
 /// get_lat, get_bw: gets from the peer's receive buffer (filled by the
 /// server with the pattern when validating). Samples are each get's
 /// latency (get_lat) or the posting intervals (get_bw).
 fn client_gets(session: &mut Session, layout: Layout, size: usize, iters: u64) -> Result<Vec<f64>> {
-    let test = session.params.test;
+    let latency = session.params.test == TestKind::GetLat;
     let validate = session.params.validate;
-    let outstanding = session.params.outstanding.max(1);
-    let clock = clock();
-    let mut samples = Vec::with_capacity(iters as usize);
+    let mut samples = Samples::new(iters);
     let comp = Completion::new();
-    let mut last = clock.now();
     for iter in 0..iters {
         if validate {
             if let Some(bad) = ctl(session, &Ctl::Fill { iter })? {
                 return Err(fail(session, size, bad));
             }
         }
-        let posted = clock.now();
+        let posted = samples.now();
         let status = post_get(session, layout, size, &comp)?;
-        if test == TestKind::GetLat || validate {
+        if latency || validate {
             if status == Status::InProgress {
                 wait(session, &comp, "a get")?;
             }
-            if test == TestKind::GetLat {
-                samples.push(clock.ns(clock.now().wrapping_sub(posted)));
+            if latency {
+                samples.since(posted, 1.0);
             }
             if validate {
                 check_get(session, layout, &comp, size, iter)?;
             }
         } else {
-            while comp.pending() >= outstanding {
-                session.iface.progress();
-            }
+            within_window(session, &comp);
         }
-        if test == TestKind::GetBw {
-            let now = clock.now();
-            samples.push(clock.ns(now.wrapping_sub(last)));
-            last = now;
+        if !latency {
+            samples.interval();
         }
         // bcopy data is not needed in bandwidth runs.
         if layout == Layout::Bcopy && !validate {
@@ -348,7 +380,7 @@ fn client_gets(session: &mut Session, layout: Layout, size: usize, iters: u64) -
         }
     }
     wait(session, &comp, "the last gets")?;
-    Ok(samples)
+    Ok(samples.times)
 }
 
 /// Checks what get `iter` brought: the completion's bytes (bcopy) or the
@@ -377,8 +409,7 @@ fn check_get(
 /// counter; with validation, each old value is checked.
 fn client_fetch_atomics(session: &mut Session, size: usize, iters: u64) -> Result<Vec<f64>> {
     let test = session.params.test;
-    let clock = clock();
-    let mut samples = Vec::with_capacity(iters as usize);
+    let mut samples = Samples::new(iters);
     let (addr, comp) = (session.peer_addr, Completion::new());
     for iter in 0..iters {
         let op = if test == TestKind::FaddLat {
@@ -389,7 +420,7 @@ fn client_fetch_atomics(session: &mut Session, size: usize, iters: u64) -> Resul
                 swap: AtomicValue::U64(iter + 1),
             }
         };
-        let posted = clock.now();
+        let posted = samples.now();
         let status = loop {
             let status = session
                 .ep
@@ -402,7 +433,7 @@ fn client_fetch_atomics(session: &mut Session, size: usize, iters: u64) -> Resul
         if status == Status::InProgress {
             wait(session, &comp, "an atomic")?;
         }
-        samples.push(clock.ns(clock.now().wrapping_sub(posted)));
+        samples.since(posted, 1.0);
         let old = comp.value().unwrap_or(u64::MAX);
         if session.params.validate && old != iter {
             return Err(fail(
@@ -412,16 +443,14 @@ fn client_fetch_atomics(session: &mut Session, size: usize, iters: u64) -> Resul
             ));
         }
     }
-    Ok(samples)
+    Ok(samples.times)
 }
 
 /// add_mr: non-fetching adds as fast as they are accepted; the server
 /// checks the counter at the end. Samples are the posting intervals.
 fn client_add_rate(session: &mut Session, iters: u64) -> Result<Vec<f64>> {
-    let clock = clock();
-    let mut samples = Vec::with_capacity(iters as usize);
+    let mut samples = Samples::new(iters);
     let addr = session.peer_addr;
-    let mut last = clock.now();
     for _ in 0..iters {
         loop {
             if session
@@ -433,12 +462,10 @@ fn client_add_rate(session: &mut Session, iters: u64) -> Result<Vec<f64>> {
             }
             session.iface.progress();
         }
-        let now = clock.now();
-        samples.push(clock.ns(now.wrapping_sub(last)));
-        last = now;
+        samples.interval();
     }
     flush(session)?;
-    Ok(samples)
+    Ok(samples.times)
 }
 
 /// The server's side of a phase: answers ping-pongs, then progresses and
