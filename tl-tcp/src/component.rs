@@ -97,7 +97,7 @@ impl Component for TcpComponent {
         resource: &TlResource,
         _params: &IfaceParams,
     ) -> Result<Box<dyn Iface>> {
-        let host = md::as_host_md(md, NAME).ok_or_else(|| {
+        let host = HostMd::of(md, NAME).ok_or_else(|| {
             UctError::InvalidParam(format!("tcp needs memory domain tcp, got {}", md.name()))
         })?;
         let device = devices::list()

@@ -58,6 +58,15 @@ impl HostMd {
         })
     }
 
+    /// `md` as a host MD of `component`, or None when it is another
+    /// component's MD (which a software iface cannot use: it needs this
+    /// MD's region table).
+    pub fn of<'md>(md: &'md Arc<dyn MemoryDomain>, component: &str) -> Option<&'md HostMd> {
+        md.as_any()
+            .downcast_ref::<HostMd>()
+            .filter(|host| host.component == component)
+    }
+
     /// The regions registered here; software transports check remote
     /// accesses against it.
     pub fn table(&self) -> &Arc<RegionTable> {

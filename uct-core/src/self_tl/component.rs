@@ -95,7 +95,7 @@ impl Component for SelfComponent {
         if resource.transport != self.tl_name {
             return Err(UctError::NoTransport(resource.transport.clone()));
         }
-        let host = md::as_host_md(md, self.name).ok_or_else(|| {
+        let host = HostMd::of(md, self.name).ok_or_else(|| {
             UctError::InvalidParam(format!(
                 "transport {} needs memory domain {}, got {}",
                 self.tl_name,

@@ -5,20 +5,8 @@
 use std::sync::Arc;
 
 use crate::host_md::HostMd;
-use crate::md::MemoryDomain;
 
 /// A new host MD named `md_name` for component `component`.
 pub(super) fn open(component: &str, md_name: &str) -> Arc<HostMd> {
     HostMd::new(component, md_name)
-}
-
-/// `md` as the host MD of component `component`, or None when it is another
-/// component's MD (which a self iface cannot use: it needs the region table).
-pub(super) fn as_host_md<'md>(
-    md: &'md Arc<dyn MemoryDomain>,
-    component: &str,
-) -> Option<&'md HostMd> {
-    md.as_any()
-        .downcast_ref::<HostMd>()
-        .filter(|host| host.component() == component)
 }
