@@ -25,12 +25,15 @@ struct Fixture {
 }
 
 fn fixture() -> (&'static [Arc<GaudiMd>], MutexGuard<'static, ()>) {
-    static F: OnceLock<Fixture> = OnceLock::new();
-    let f = F.get_or_init(|| Fixture {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    let fixture = FIXTURE.get_or_init(|| Fixture {
         mds: md_gaudi::open_devices(&sim_path()).expect("open the simulated devices"),
         serial: Mutex::new(()),
     });
-    (&f.mds, f.serial.lock().unwrap_or_else(|p| p.into_inner()))
+    (
+        &fixture.mds,
+        fixture.serial.lock().unwrap_or_else(|p| p.into_inner()),
+    )
 }
 
 /// Calls one of the simulator's own counters, in the same loaded copy.
@@ -55,22 +58,24 @@ fn open_fds() -> usize {
 
 #[test]
 fn two_simulated_devices_with_dram_size_and_dmabuf_export() {
-    let (mds, _g) = fixture();
+    let (mds, _serial) = fixture();
     let names: Vec<&str> = mds.iter().map(|m| m.name()).collect();
     assert_eq!(names, ["gaudi0", "gaudi1"]);
     for md in mds {
-        let a = md.attrs();
-        assert_eq!(a.max_alloc, 16 * GIB, "DRAM size from hw_ip_info");
-        assert!(a
+        let attrs = md.attrs();
+        assert_eq!(attrs.max_alloc, 16 * GIB, "DRAM size from hw_ip_info");
+        assert!(attrs
             .flags
             .contains(MdFlags::ALLOC | MdFlags::EXPORT_DMABUF | MdFlags::DETECT));
-        assert_eq!(a.alloc_mem_types, [MemoryType::Gaudi]);
-        let bus = a.system_device.expect("bus id");
+        assert_eq!(attrs.alloc_mem_types, [MemoryType::Gaudi]);
+        let bus = attrs.system_device.expect("bus id");
         assert!(bus.starts_with("sim"), "simulated bus id, got {bus}");
-        let d = md.description().expect("description");
+        let description = md.description().expect("description");
         assert!(
-            d.contains("SIMULATED") && d.contains("GAUDI2") && d.contains("16 GiB"),
-            "{d}"
+            description.contains("SIMULATED")
+                && description.contains("GAUDI2")
+                && description.contains("16 GiB"),
+            "{description}"
         );
         assert!(md.is_simulated());
     }
@@ -79,7 +84,7 @@ fn two_simulated_devices_with_dram_size_and_dmabuf_export() {
 
 #[test]
 fn alloc_query_detect_free() {
-    let (mds, _g) = fixture();
+    let (mds, _serial) = fixture();
     let md = &mds[0];
     let len = (1 << 20) + 3;
     let mem = md
@@ -102,7 +107,7 @@ fn alloc_query_detect_free() {
     // SAFETY: with a null hint and no MAP_FIXED, mmap picks fresh addresses
     // and cannot disturb an existing mapping; the result is only compared,
     // never dereferenced.
-    let p = unsafe {
+    let mapped = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             4096,
@@ -112,7 +117,11 @@ fn alloc_query_detect_free() {
             0,
         )
     };
-    assert_eq!(p, libc::MAP_FAILED, "the CPU must not be able to map it");
+    assert_eq!(
+        mapped,
+        libc::MAP_FAILED,
+        "the CPU must not be able to map it"
+    );
     // The handle's own query answers the same, for a NIC's MD.
     let (fd2, off2) = mem
         .query_owner()
@@ -161,7 +170,7 @@ fn alloc_query_detect_free() {
 
 #[test]
 fn no_fd_leaks_over_many_cycles() {
-    let (mds, _g) = fixture();
+    let (mds, _serial) = fixture();
     // Warm up lazily created fds (logging, the counters' dlopen).
     let _ = sim_counter("hlthunk_sim_live_allocations");
     let before = open_fds();
@@ -181,7 +190,7 @@ fn no_fd_leaks_over_many_cycles() {
 
 #[test]
 fn wrong_memory_type_and_no_rkey() {
-    let (mds, _g) = fixture();
+    let (mds, _serial) = fixture();
     let md = &mds[1];
     assert!(matches!(
         md.alloc(4096, MemoryType::Host, Access::all_rights()),
@@ -199,7 +208,7 @@ fn wrong_memory_type_and_no_rkey() {
 
 #[test]
 fn each_driver_rule_violation_has_its_named_error() {
-    let (mds, _g) = fixture();
+    let (mds, _serial) = fixture();
     let dev = mds[0].device();
     assert!(matches!(dev.alloc(0, 0), Err(GaudiError::ZeroSize { .. })));
     assert!(matches!(
@@ -214,8 +223,8 @@ fn each_driver_rule_violation_has_its_named_error() {
     assert!(matches!(UctError::from(e), UctError::NoMemory(_)));
 
     let size = 4 << 20;
-    let h = dev.alloc(size, 0).unwrap();
-    let va = dev.map(h).unwrap();
+    let handle = dev.alloc(size, 0).unwrap();
+    let va = dev.map(handle).unwrap();
     let rw = libc::O_RDWR as u32;
     assert!(matches!(
         dev.export_dmabuf(va, size, 0, rw),
@@ -250,7 +259,7 @@ fn each_driver_rule_violation_has_its_named_error() {
     ));
     // The handle is not a VA.
     assert!(matches!(
-        dev.export_dmabuf(h, PAGE, 0, EXPORT_FLAGS),
+        dev.export_dmabuf(handle, PAGE, 0, EXPORT_FLAGS),
         Err(GaudiError::NotMapped { .. } | GaudiError::ExportMisaligned { .. })
     ));
     let other = va + (64 << 20);
@@ -263,22 +272,31 @@ fn each_driver_rule_violation_has_its_named_error() {
         .export_dmabuf(va, PAGE, size - PAGE, EXPORT_FLAGS)
         .expect("tail export");
     drop(fd);
-    assert!(matches!(dev.free(h), Err(GaudiError::StillMapped { .. })));
+    assert!(matches!(
+        dev.free(handle),
+        Err(GaudiError::StillMapped { .. })
+    ));
     assert!(matches!(
         dev.unmap(va + PAGE),
         Err(GaudiError::NotMapped { .. })
     ));
     dev.unmap(va).unwrap();
-    dev.free(h).unwrap();
-    assert!(matches!(dev.free(h), Err(GaudiError::NoSuchHandle { .. })));
-    assert!(matches!(dev.map(h), Err(GaudiError::NoSuchHandle { .. })));
+    dev.free(handle).unwrap();
+    assert!(matches!(
+        dev.free(handle),
+        Err(GaudiError::NoSuchHandle { .. })
+    ));
+    assert!(matches!(
+        dev.map(handle),
+        Err(GaudiError::NoSuchHandle { .. })
+    ));
     assert_eq!(dev.in_use(), 0);
 }
 
 /// The simulator enforces the rules itself, below md-gaudi's checks.
 #[test]
 fn the_simulator_enforces_the_driver_rules() {
-    let (mds, _g) = fixture();
+    let (mds, _serial) = fixture();
     let lib: &HlThunk = mds[0].device().lib();
     assert!(lib.simulator().is_some_and(|s| s.contains("simulator")));
     let errno = |e: std::io::Error| e.raw_os_error().unwrap_or(0);
@@ -298,8 +316,8 @@ fn the_simulator_enforces_the_driver_rules() {
     assert_eq!(err(lib.mem_alloc(fd, 4096, 3 << 20)), einval);
     assert_eq!(err(lib.mem_alloc(fd, 17 * GIB, 0)), Some(libc::ENOMEM));
     let size = 4 << 20;
-    let h = lib.mem_alloc(fd, size, 0).unwrap();
-    let va = lib.mem_map(fd, h).unwrap();
+    let handle = lib.mem_alloc(fd, size, 0).unwrap();
+    let va = lib.mem_map(fd, handle).unwrap();
     let export = |a, s, o, f| unit(lib.export_dmabuf(fd, a, s, o, f).map(drop));
     assert_eq!(export(va, size, 0, libc::O_RDWR as u32), einval, "flags");
     assert_eq!(export(va, size, 0, libc::O_CLOEXEC as u32), einval, "flags");
@@ -317,16 +335,16 @@ fn the_simulator_enforces_the_driver_rules() {
     );
     assert_eq!(export(va, size, PAGE, EXPORT_FLAGS), einval, "bounds");
     assert_eq!(
-        export(h, PAGE, 0, EXPORT_FLAGS),
+        export(handle, PAGE, 0, EXPORT_FLAGS),
         einval,
         "a handle is not a VA"
     );
     assert_eq!(export(va, size, 0, EXPORT_FLAGS), None);
-    assert_eq!(unit(lib.mem_free(fd, h)), einval, "still mapped");
+    assert_eq!(unit(lib.mem_free(fd, handle)), einval, "still mapped");
     assert_eq!(unit(lib.unmap(fd, va + PAGE)), einval);
     lib.unmap(fd, va).unwrap();
-    lib.mem_free(fd, h).unwrap();
-    assert_eq!(unit(lib.mem_free(fd, h)), einval, "freed twice");
+    lib.mem_free(fd, handle).unwrap();
+    assert_eq!(unit(lib.mem_free(fd, handle)), einval, "freed twice");
     assert_eq!(sim_counter("hlthunk_sim_live_allocations"), 0);
 }
 

@@ -26,9 +26,11 @@ struct Tally {
 type Tallies = Arc<Mutex<BTreeMap<String, Tally>>>;
 
 /// Whether the MD's rkey payloads begin with a software key (a secret).
-fn has_soft_rkey(r: &Resource) -> bool {
-    r.md.alloc(64, MemoryType::Host, Access::all())
-        .and_then(|m| r.md.pack_rkey(&m))
+fn has_soft_rkey(resource: &Resource) -> bool {
+    resource
+        .md
+        .alloc(64, MemoryType::Host, Access::all())
+        .and_then(|mem| resource.md.pack_rkey(&mem))
         .ok()
         .is_some_and(|e| {
             postcard::take_from_bytes::<uct_core::region_table::SoftRkey>(&e.payload).is_ok()
@@ -62,9 +64,12 @@ fn main() {
 
     // One device per transport is enough for conformance.
     let mut resources: Vec<Resource> = Vec::new();
-    for r in reg.resources() {
-        if !resources.iter().any(|x| x.tl.transport == r.tl.transport) {
-            resources.push(r);
+    for resource in reg.resources() {
+        if !resources
+            .iter()
+            .any(|kept| kept.tl.transport == resource.tl.transport)
+        {
+            resources.push(resource);
         }
     }
     let names: Vec<String> = resources
@@ -110,23 +115,32 @@ fn main() {
         }
     }
 
-    for r in resources.iter().filter(|r| wanted(&r.tl.transport)) {
-        let tl = r.tl.transport.clone();
-        let caps = match r.component.open_iface(&r.md, &r.tl, &Default::default()) {
-            Ok(i) => i.attrs().caps,
-            Err(e) => {
-                println!("conformance: transport {tl} is listed but its iface does not open: {e}");
-                record(&tally, &tl, |t| t.failed += 1);
-                trials.push(Trial::test(format!("{tl}::open_iface"), move || {
-                    Err(Failed::from(format!("open iface: {e}")))
-                }));
-                continue;
-            }
-        };
-        let soft = has_soft_rkey(r);
+    for resource in resources
+        .iter()
+        .filter(|resource| wanted(&resource.tl.transport))
+    {
+        let tl = resource.tl.transport.clone();
+        let caps =
+            match resource
+                .component
+                .open_iface(&resource.md, &resource.tl, &Default::default())
+            {
+                Ok(i) => i.attrs().caps,
+                Err(e) => {
+                    println!(
+                        "conformance: transport {tl} is listed but its iface does not open: {e}"
+                    );
+                    record(&tally, &tl, |t| t.failed += 1);
+                    trials.push(Trial::test(format!("{tl}::open_iface"), move || {
+                        Err(Failed::from(format!("open iface: {e}")))
+                    }));
+                    continue;
+                }
+            };
+        let soft = has_soft_rkey(resource);
         for mode in [Mode::InProcess, Mode::TwoProcesses] {
             let key = format!("{tl} ({})", mode.name());
-            if mode == Mode::TwoProcesses && r.tl.device_type == DeviceType::SelfLoop {
+            if mode == Mode::TwoProcesses && resource.tl.device_type == DeviceType::SelfLoop {
                 println!(
                     "conformance: {tl}::{}: not applicable: {tl} reaches its own process only",
                     mode.name()
@@ -141,11 +155,12 @@ fn main() {
                     trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
                     continue;
                 }
-                let r = r.clone();
+                let resource = resource.clone();
                 let tally = tally.clone();
                 let key = key.clone();
                 trials.push(Trial::test(name, move || {
-                    let res = Pair::new(reg, &r, mode).and_then(|mut pair| (case.run)(&mut pair));
+                    let res =
+                        Pair::new(reg, &resource, mode).and_then(|mut pair| (case.run)(&mut pair));
                     record(&tally, &key, |t| {
                         if res.is_ok() {
                             t.passed += 1

@@ -5,9 +5,9 @@
 use std::process::{Command, Output, Stdio};
 
 fn demo(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dmabuf-demo"));
-    c.args(args).env_remove("UCT_TLS");
-    c
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dmabuf-demo"));
+    cmd.args(args).env_remove("UCT_TLS");
+    cmd
 }
 
 fn text(b: &[u8]) -> String {
@@ -24,31 +24,36 @@ fn port() -> String {
 }
 
 fn pair(server: &[&str], client: &[&str]) -> (Output, Output) {
-    let s = demo(server)
+    let server_child = demo(server)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the server");
-    let c = demo(client).output().expect("run the client");
-    (s.wait_with_output().expect("server exit"), c)
+    let client_out = demo(client).output().expect("run the client");
+    (
+        server_child.wait_with_output().expect("server exit"),
+        client_out,
+    )
 }
 
 #[test]
 fn server_and_client_verify_every_phase_over_tcp() {
-    let p = port();
-    let common = ["-t", "tcp", "-d", "lo", "-p", &p, "-s", "128k", "-n", "4"];
+    let port = port();
+    let common = [
+        "-t", "tcp", "-d", "lo", "-p", &port, "-s", "128k", "-n", "4",
+    ];
     let mut sv = vec!["server"];
     sv.extend(common);
     let mut cl = vec!["client", "127.0.0.1"];
     cl.extend(common);
-    let (s, c) = pair(&sv, &cl);
-    let out = text(&c.stdout);
+    let (server_out, client_out) = pair(&sv, &cl);
+    let out = text(&client_out.stdout);
     assert!(
-        s.status.success() && c.status.success(),
+        server_out.status.success() && client_out.status.success(),
         "client:\n{out}{}\nserver:\n{}{}",
-        text(&c.stderr),
-        text(&s.stdout),
-        text(&s.stderr)
+        text(&client_out.stderr),
+        text(&server_out.stdout),
+        text(&server_out.stderr)
     );
     for line in [
         "send/recv:  4 round trips",
@@ -62,9 +67,9 @@ fn server_and_client_verify_every_phase_over_tcp() {
 
 #[test]
 fn mismatched_sizes_are_refused_by_the_server() {
-    let p = port();
-    let (s, c) = pair(
-        &["server", "-t", "tcp", "-d", "lo", "-p", &p, "-s", "64k"],
+    let port = port();
+    let (server_out, client_out) = pair(
+        &["server", "-t", "tcp", "-d", "lo", "-p", &port, "-s", "64k"],
         &[
             "client",
             "127.0.0.1",
@@ -73,21 +78,24 @@ fn mismatched_sizes_are_refused_by_the_server() {
             "-d",
             "lo",
             "-p",
-            &p,
+            &port,
             "-s",
             "1M",
         ],
     );
-    assert_eq!(c.status.code(), Some(1));
-    assert_eq!(s.status.code(), Some(1));
-    let e = text(&c.stderr);
-    assert!(e.contains("refused") && e.contains("same -s and -n"), "{e}");
+    assert_eq!(client_out.status.code(), Some(1));
+    assert_eq!(server_out.status.code(), Some(1));
+    let stderr = text(&client_out.stderr);
+    assert!(
+        stderr.contains("refused") && stderr.contains("same -s and -n"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn no_server_is_a_timeout_that_names_the_address() {
-    let p = port();
-    let o = demo(&[
+    let port = port();
+    let output = demo(&[
         "client",
         "127.0.0.1",
         "-t",
@@ -95,24 +103,24 @@ fn no_server_is_a_timeout_that_names_the_address() {
         "-d",
         "lo",
         "-p",
-        &p,
+        &port,
         "--timeout",
         "1",
     ])
     .output()
     .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let e = text(&o.stderr);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = text(&output.stderr);
     assert!(
-        e.contains("timed out") && e.contains(&format!("127.0.0.1:{p}")),
-        "{e}"
+        stderr.contains("timed out") && stderr.contains(&format!("127.0.0.1:{port}")),
+        "{stderr}"
     );
 }
 
 #[test]
 fn gaudi_memory_on_tcp_says_a_dmabuf_nic_is_needed() {
     let sim = hlthunk_sim::library_path().expect("simulator built");
-    let o = demo(&[
+    let output = demo(&[
         "server",
         "-t",
         "tcp",
@@ -126,23 +134,23 @@ fn gaudi_memory_on_tcp_says_a_dmabuf_nic_is_needed() {
     .env("UCT_GAUDI_HLTHUNK_LIB", sim)
     .output()
     .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let e = text(&o.stderr);
-    assert!(e.contains("RDMA NIC with DMA-buf support"), "{e}");
-    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("RDMA NIC with DMA-buf support"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
 }
 
 #[test]
 fn help_explains_roles_and_options() {
-    let o = demo(&["--help"]).output().unwrap();
-    let h = text(&o.stdout);
-    assert!(o.status.success());
-    for w in ["server", "client", "Exit status"] {
-        assert!(h.contains(w), "{w} in:\n{h}");
+    let output = demo(&["--help"]).output().unwrap();
+    let help = text(&output.stdout);
+    assert!(output.status.success());
+    for word in ["server", "client", "Exit status"] {
+        assert!(help.contains(word), "{word} in:\n{help}");
     }
-    let o = demo(&["client", "--help"]).output().unwrap();
-    let h = text(&o.stdout);
-    for w in [
+    let output = demo(&["client", "--help"]).output().unwrap();
+    let help = text(&output.stdout);
+    for word in [
         "--device",
         "--ib-port",
         "--gid-index",
@@ -150,6 +158,6 @@ fn help_explains_roles_and_options() {
         "--iters",
         "--mem",
     ] {
-        assert!(h.contains(w), "{w} in:\n{h}");
+        assert!(help.contains(word), "{word} in:\n{help}");
     }
 }

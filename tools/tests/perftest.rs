@@ -34,9 +34,9 @@ fn rows(out: &str) -> Vec<&str> {
 
 #[test]
 fn loopback_sweep_prints_a_table() {
-    let o = perftest(&["-t", "posix", "-s", "8:64k", "-n", "200"]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let out = text(&o.stdout);
+    let output = perftest(&["-t", "posix", "-s", "8:64k", "-n", "200"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let out = text(&output.stdout);
     assert!(
         out.contains("MiB/s") && out.contains("Gb/s") && out.contains("p50"),
         "{out}"
@@ -58,11 +58,11 @@ fn every_test_runs_over_tcp_in_loopback() {
         "cswap_lat",
         "add_mr",
     ] {
-        let o = perftest(&[
+        let output = perftest(&[
             "-t", "tcp", "-d", "lo", "--test", test, "-s", "8", "-n", "200", "-f",
         ]);
-        assert!(o.status.success(), "{test}: {}", text(&o.stderr));
-        assert_eq!(rows(&text(&o.stdout)).len(), 1, "{test}");
+        assert!(output.status.success(), "{test}: {}", text(&output.stderr));
+        assert_eq!(rows(&text(&output.stdout)).len(), 1, "{test}");
     }
 }
 
@@ -76,7 +76,7 @@ fn client_and_server_in_two_processes() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    let o = perftest(&[
+    let output = perftest(&[
         "127.0.0.1",
         "-t",
         "tcp",
@@ -90,9 +90,9 @@ fn client_and_server_in_two_processes() {
         "300",
     ]);
     let st = server.wait().unwrap();
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(output.status.success(), "{}", text(&output.stderr));
     assert!(st.success(), "the server failed");
-    assert_eq!(rows(&text(&o.stdout)).len(), 2);
+    assert_eq!(rows(&text(&output.stdout)).len(), 2);
 }
 
 #[test]
@@ -105,7 +105,7 @@ fn mismatched_sides_are_refused_with_a_reason() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    let o = perftest(&[
+    let output = perftest(&[
         "127.0.0.1",
         "-t",
         "posix",
@@ -117,14 +117,14 @@ fn mismatched_sides_are_refused_with_a_reason() {
         "10",
     ]);
     let _ = server.wait();
-    assert!(!o.status.success());
-    let err = text(&o.stderr);
+    assert!(!output.status.success());
+    let err = text(&output.stderr);
     assert!(err.contains("transport: client posix, server tcp"), "{err}");
 }
 
 #[test]
 fn validation_passes_on_good_transfers() {
-    for (t, test) in [
+    for (transport, test) in [
         ("posix", "put_bw"),
         ("tcp", "get_bw"),
         ("posix", "am_bw"),
@@ -132,34 +132,38 @@ fn validation_passes_on_good_transfers() {
         ("self", "am_lat"),
         ("posix", "fadd_lat"),
     ] {
-        let s = if test == "fadd_lat" { "8" } else { "8,4k" };
-        let o = perftest(&[
+        let sizes = if test == "fadd_lat" { "8" } else { "8,4k" };
+        let output = perftest(&[
             "-t",
-            t,
+            transport,
             "--test",
             test,
             "-s",
-            s,
+            sizes,
             "-n",
             "50",
             "--validate",
             "-f",
         ]);
-        assert!(o.status.success(), "{t} {test}: {}", text(&o.stderr));
+        assert!(
+            output.status.success(),
+            "{transport} {test}: {}",
+            text(&output.stderr)
+        );
     }
 }
 
 #[test]
 fn validation_reports_a_corrupted_transfer() {
-    for (t, test) in [
+    for (transport, test) in [
         ("posix", "put_bw"),
         ("tcp", "get_bw"),
         ("posix", "am_bw"),
         ("tcp", "put_lat"),
     ] {
-        let o = perftest(&[
+        let output = perftest(&[
             "-t",
-            t,
+            transport,
             "--test",
             test,
             "-s",
@@ -171,22 +175,22 @@ fn validation_reports_a_corrupted_transfer() {
             "17",
         ]);
         assert!(
-            !o.status.success(),
-            "{t} {test}: a corrupted transfer passed validation"
+            !output.status.success(),
+            "{transport} {test}: a corrupted transfer passed validation"
         );
-        let err = text(&o.stderr);
+        let err = text(&output.stderr);
         assert!(
             err.contains("validation FAILED") && err.contains("iteration 17"),
-            "{t} {test}: {err}"
+            "{transport} {test}: {err}"
         );
         assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     }
 }
 
 fn one_line_error(args: &[&str], needle: &str) {
-    let o = perftest(args);
-    assert!(!o.status.success(), "{args:?} succeeded");
-    let err = text(&o.stderr);
+    let output = perftest(args);
+    assert!(!output.status.success(), "{args:?} succeeded");
+    let err = text(&output.stderr);
     assert_eq!(
         err.trim().lines().count(),
         1,
@@ -217,20 +221,20 @@ fn what_cannot_run_gets_one_line_that_says_what_would() {
 
 #[test]
 fn csv_and_json_formats() {
-    let o = perftest(&["-t", "self", "-s", "8,64", "-n", "100", "--format", "csv"]);
-    let out = text(&o.stdout);
+    let output = perftest(&["-t", "self", "-s", "8,64", "-n", "100", "--format", "csv"]);
+    let out = text(&output.stdout);
     assert!(out.starts_with("test,transport,layout,size"), "{out}");
     assert_eq!(out.lines().count(), 3);
-    let o = perftest(&["-t", "self", "-s", "8,64", "-n", "100", "--format", "json"]);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
-    assert_eq!(v.as_array().unwrap().len(), 2);
-    assert!(v[0]["bandwidth_mib_s"].as_f64().unwrap() > 0.0);
+    let output = perftest(&["-t", "self", "-s", "8,64", "-n", "100", "--format", "json"]);
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(json.as_array().unwrap().len(), 2);
+    assert!(json[0]["bandwidth_mib_s"].as_f64().unwrap() > 0.0);
 }
 
 #[test]
 fn staged_validation_goes_through_the_transport_and_catches_corruption() {
     for test in ["put_bw", "get_bw"] {
-        let o = perftest(&[
+        let output = perftest(&[
             "-t",
             "tcp",
             "--test",
@@ -242,10 +246,10 @@ fn staged_validation_goes_through_the_transport_and_catches_corruption() {
             "--validate",
             "--stage-validation",
         ]);
-        assert!(o.status.success(), "{test}: {}", text(&o.stderr));
-        assert_eq!(rows(&text(&o.stdout)).len(), 2);
+        assert!(output.status.success(), "{test}: {}", text(&output.stderr));
+        assert_eq!(rows(&text(&output.stdout)).len(), 2);
     }
-    let o = perftest(&[
+    let output = perftest(&[
         "-t",
         "tcp",
         "--test",
@@ -259,28 +263,28 @@ fn staged_validation_goes_through_the_transport_and_catches_corruption() {
         "--inject-corruption",
         "5",
     ]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(1));
     assert!(
-        text(&o.stderr).contains("validation FAILED"),
+        text(&output.stderr).contains("validation FAILED"),
         "{}",
-        text(&o.stderr)
+        text(&output.stderr)
     );
 }
 
 #[test]
 fn gaudi_memory_with_the_simulator_on_tcp_is_still_refused() {
     let sim = hlthunk_sim::library_path().expect("simulator built");
-    let o = Command::new(env!("CARGO_BIN_EXE_perftest"))
+    let output = Command::new(env!("CARGO_BIN_EXE_perftest"))
         .args(["-t", "tcp", "-m", "gaudi"])
         .env_remove("UCT_TLS")
         .env("UCT_GAUDI_HLTHUNK_LIB", sim)
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(o.stdout.is_empty());
+    assert_eq!(output.status.code(), Some(2));
+    assert!(output.stdout.is_empty());
     assert!(
-        text(&o.stderr).contains("needs an RDMA NIC with DMA-buf support"),
+        text(&output.stderr).contains("needs an RDMA NIC with DMA-buf support"),
         "{}",
-        text(&o.stderr)
+        text(&output.stderr)
     );
 }

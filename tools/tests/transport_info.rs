@@ -21,46 +21,46 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
     cmd.output().expect("run transport-info")
 }
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 #[test]
 fn all_shows_self_and_the_loaded_example_module() {
-    let o = run(&["-a"], &[]);
-    assert!(o.status.success());
-    let s = stdout(&o);
-    assert!(s.contains("# Memory domain: self"), "{s}");
-    assert!(s.contains("#      Transport: self"), "{s}");
-    assert!(s.contains("put_zcopy:"), "{s}");
+    let output = run(&["-a"], &[]);
+    assert!(output.status.success());
+    let printed = stdout(&output);
+    assert!(printed.contains("# Memory domain: self"), "{printed}");
+    assert!(printed.contains("#      Transport: self"), "{printed}");
+    assert!(printed.contains("put_zcopy:"), "{printed}");
     assert!(
-        s.contains("atomics: add, fetch-add, swap, compare-swap (32-bit, 64-bit)"),
-        "{s}"
+        printed.contains("atomics: add, fetch-add, swap, compare-swap (32-bit, 64-bit)"),
+        "{printed}"
     );
-    let line = s
+    let line = printed
         .lines()
         .find(|l| l.starts_with("# module example"))
-        .unwrap_or_else(|| panic!("no example module line in:\n{s}"));
+        .unwrap_or_else(|| panic!("no example module line in:\n{printed}"));
     assert!(
         line.contains("loaded") && line.contains("libuct_example.so"),
         "{line}"
     );
-    assert!(s.contains("#      Transport: loop"), "{s}");
+    assert!(printed.contains("#      Transport: loop"), "{printed}");
 }
 
 #[test]
 fn excluded_module_is_listed_as_not_loaded() {
-    let s = stdout(&run(&["-a"], &[("UCT_MODULES", "^example")]));
-    let line = s
+    let printed = stdout(&run(&["-a"], &[("UCT_MODULES", "^example")]));
+    let line = printed
         .lines()
         .find(|l| l.starts_with("# module example"))
         .expect("module line");
     assert!(line.contains("not loaded"), "{line}");
     assert!(
-        s.contains("reason: excluded by UCT_MODULES=^example"),
-        "{s}"
+        printed.contains("reason: excluded by UCT_MODULES=^example"),
+        "{printed}"
     );
-    assert!(!s.contains("Transport: loop"), "{s}");
+    assert!(!printed.contains("Transport: loop"), "{printed}");
 }
 
 #[test]
@@ -69,25 +69,28 @@ fn wrong_fingerprint_module_is_listed_as_refused() {
     build_c_module("wrong_fingerprint.c", &dir.join("libuct_oldabi.so"), &[]).unwrap();
     let example = example_module_dir().unwrap();
     let path = format!("{}:{}", dir.display(), example.display());
-    let o = run(&["-a"], &[("UCT_MODULE_DIR", &path)]);
-    assert!(o.status.success());
-    let s = stdout(&o);
-    let line = s
+    let output = run(&["-a"], &[("UCT_MODULE_DIR", &path)]);
+    assert!(output.status.success());
+    let printed = stdout(&output);
+    let line = printed
         .lines()
         .find(|l| l.starts_with("# module oldabi"))
         .expect("oldabi line");
     assert!(line.contains("refused"), "{line}");
-    assert!(s.contains("reason: wrong ABI fingerprint"), "{s}");
+    assert!(
+        printed.contains("reason: wrong ABI fingerprint"),
+        "{printed}"
+    );
     // The good module and the built-ins are unaffected.
-    assert!(s
+    assert!(printed
         .lines()
         .any(|l| l.starts_with("# module example") && l.contains("loaded")));
 }
 
 #[test]
 fn config_lists_every_variable_with_its_value() {
-    let o = run(&["-c"], &[("UCT_TLS", "^tcp")]);
-    let s = stdout(&o);
+    let output = run(&["-c"], &[("UCT_TLS", "^tcp")]);
+    let printed = stdout(&output);
     for var in [
         "UCT_TLS=^tcp",
         "UCT_MODULES=all",
@@ -95,9 +98,12 @@ fn config_lists_every_variable_with_its_value() {
         "UCT_NET_DEVICES=all",
         "UCT_BOOTSTRAP_TIMEOUT=30s",
     ] {
-        assert!(s.lines().any(|l| l == var), "{var} missing from:\n{s}");
+        assert!(
+            printed.lines().any(|l| l == var),
+            "{var} missing from:\n{printed}"
+        );
     }
-    assert!(s.lines().any(|l| l.starts_with("UCT_MODULE_DIR=")));
+    assert!(printed.lines().any(|l| l.starts_with("UCT_MODULE_DIR=")));
     let full = stdout(&run(&["-c", "-f"], &[]));
     assert!(full.contains("# Transports to use"), "{full}");
     assert!(full.contains("# default: all; owner: core"), "{full}");
@@ -105,9 +111,9 @@ fn config_lists_every_variable_with_its_value() {
 
 #[test]
 fn misspelt_variable_warns_with_the_closest_name() {
-    let o = run(&["-d"], &[("UCT_TSL", "x")]);
-    assert!(o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    let output = run(&["-d"], &[("UCT_TSL", "x")]);
+    assert!(output.status.success());
+    let err = String::from_utf8_lossy(&output.stderr);
     assert!(
         err.contains("UCT_TSL") && err.contains("did you mean UCT_TLS?"),
         "stderr: {err}"
@@ -116,36 +122,39 @@ fn misspelt_variable_warns_with_the_closest_name() {
 
 #[test]
 fn tls_allow_list_filters_transports() {
-    let s = stdout(&run(&["-d"], &[("UCT_TLS", "^self")]));
-    assert!(!s.contains("Transport: self"), "{s}");
-    assert!(s.contains("Transport: loop"), "{s}");
-    assert!(s.contains("self: excluded by UCT_TLS=^self"), "{s}");
+    let printed = stdout(&run(&["-d"], &[("UCT_TLS", "^self")]));
+    assert!(!printed.contains("Transport: self"), "{printed}");
+    assert!(printed.contains("Transport: loop"), "{printed}");
+    assert!(
+        printed.contains("self: excluded by UCT_TLS=^self"),
+        "{printed}"
+    );
 }
 
 #[test]
 fn transport_filter_and_unknown_transport() {
-    let s = stdout(&run(&["-d", "-t", "loop"], &[]));
+    let printed = stdout(&run(&["-d", "-t", "loop"], &[]));
     assert!(
-        s.contains("Transport: loop") && !s.contains("Transport: self"),
-        "{s}"
+        printed.contains("Transport: loop") && !printed.contains("Transport: self"),
+        "{printed}"
     );
-    let o = run(&["-t", "nope"], &[]);
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("transport nope is not available"));
+    let output = run(&["-t", "nope"], &[]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("transport nope is not available"));
 }
 
 #[test]
 fn json_is_parseable_and_complete() {
-    let o = run(&["-a", "--json"], &[]);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
-    assert_eq!(v["version"], uct_core::VERSION);
-    let mds = v["memory_domains"].as_array().unwrap();
+    let output = run(&["-a", "--json"], &[]);
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("valid JSON");
+    assert_eq!(json["version"], uct_core::VERSION);
+    let mds = json["memory_domains"].as_array().unwrap();
     assert!(mds.iter().any(|m| m["memory_domain"] == "self"));
-    let mods = v["modules"]["modules"].as_array().unwrap();
+    let mods = json["modules"]["modules"].as_array().unwrap();
     assert!(mods
         .iter()
         .any(|m| m["name"] == "example" && m["status"] == "loaded"));
-    assert!(v["config"]
+    assert!(json["config"]
         .as_array()
         .unwrap()
         .iter()
@@ -156,8 +165,8 @@ fn json_is_parseable_and_complete() {
 fn version_build_and_usage() {
     assert!(stdout(&run(&["-v"], &[])).contains(uct_core::VERSION));
     assert!(stdout(&run(&["-b"], &[])).contains("module ABI fingerprint"));
-    let o = run(&[], &[]);
-    assert_eq!(o.status.code(), Some(2));
+    let output = run(&[], &[]);
+    assert_eq!(output.status.code(), Some(2));
     let help = stdout(&run(&["--help"], &[]));
     for flag in ["-d", "-a", "-c", "-f", "-t", "-b", "--json", "-v"] {
         assert!(help.contains(flag), "--help does not explain {flag}");
@@ -166,9 +175,9 @@ fn version_build_and_usage() {
 
 #[test]
 fn invalid_value_names_the_variable_and_what_is_expected() {
-    let o = run(&["-c"], &[("UCT_BOOTSTRAP_TIMEOUT", "soon")]);
-    assert_eq!(o.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&o.stderr);
+    let output = run(&["-c"], &[("UCT_BOOTSTRAP_TIMEOUT", "soon")]);
+    assert_eq!(output.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&output.stderr);
     assert!(
         err.contains("UCT_BOOTSTRAP_TIMEOUT=soon") && err.contains("a duration"),
         "{err}"
@@ -190,10 +199,10 @@ fn ib_module_dir() -> std::path::PathBuf {
 #[test]
 fn ib_module_loads_on_a_host_without_rdma_devices() {
     let dir = ib_module_dir();
-    let o = run(&["-a"], &[("UCT_MODULE_DIR", dir.to_str().unwrap())]);
-    assert!(o.status.success());
-    let s = stdout(&o);
-    let line = s
+    let output = run(&["-a"], &[("UCT_MODULE_DIR", dir.to_str().unwrap())]);
+    assert!(output.status.success());
+    let printed = stdout(&output);
+    let line = printed
         .lines()
         .find(|l| l.starts_with("# module ib"))
         .expect("ib module line");
@@ -205,7 +214,10 @@ fn ib_module_loads_on_a_host_without_rdma_devices() {
         .map(|mut d| d.next().is_none())
         .unwrap_or(true)
     {
-        assert!(s.contains("rc: component ib found no device"), "{s}");
+        assert!(
+            printed.contains("rc: component ib found no device"),
+            "{printed}"
+        );
     }
 }
 
@@ -216,7 +228,7 @@ fn ib_module_without_libibverbs_is_listed_with_the_loader_reason() {
     let dir = ib_module_dir();
     let shadow = test_suite::modules::scratch_dir("no-ibverbs");
     std::fs::write(shadow.join("libibverbs.so.1"), b"").unwrap();
-    let o = run(
+    let output = run(
         &["-a"],
         &[
             ("UCT_MODULE_DIR", dir.to_str().unwrap()),
@@ -224,39 +236,39 @@ fn ib_module_without_libibverbs_is_listed_with_the_loader_reason() {
         ],
     );
     assert!(
-        o.status.success(),
+        output.status.success(),
         "transport-info itself must not need libibverbs"
     );
-    let s = stdout(&o);
-    let line = s
+    let printed = stdout(&output);
+    let line = printed
         .lines()
         .find(|l| l.starts_with("# module ib"))
         .expect("ib module line");
     assert!(line.contains("failed"), "{line}");
     assert!(
-        s.contains("libibverbs.so.1"),
-        "the reason does not name the library:\n{s}"
+        printed.contains("libibverbs.so.1"),
+        "the reason does not name the library:\n{printed}"
     );
     // Everything else still works.
     assert!(
-        s.contains("Transport: self")
-            && s.contains("Transport: posix")
-            && s.contains("Transport: tcp"),
-        "{s}"
+        printed.contains("Transport: self")
+            && printed.contains("Transport: posix")
+            && printed.contains("Transport: tcp"),
+        "{printed}"
     );
 }
 
 #[test]
 fn simulated_gaudi_devices_are_listed_with_dram_size_and_dmabuf_export() {
     let sim = hlthunk_sim::library_path().expect("libhlthunk_sim.so is built with the tests");
-    let o = run(&["-d"], &[("UCT_GAUDI_HLTHUNK_LIB", sim.to_str().unwrap())]);
-    assert!(o.status.success());
-    let s = stdout(&o);
+    let output = run(&["-d"], &[("UCT_GAUDI_HLTHUNK_LIB", sim.to_str().unwrap())]);
+    assert!(output.status.success());
+    let printed = stdout(&output);
     for dev in ["gaudi0", "gaudi1"] {
-        let block: String = s
+        let block: String = printed
             .split("# Memory domain: ")
             .find(|b| b.starts_with(&format!("{dev}\n")))
-            .unwrap_or_else(|| panic!("no {dev} block in:\n{s}"))
+            .unwrap_or_else(|| panic!("no {dev} block in:\n{printed}"))
             .to_string();
         assert!(block.contains("16 GiB DRAM"), "{block}");
         assert!(block.contains("SIMULATED"), "{block}");
@@ -271,16 +283,16 @@ fn simulated_gaudi_devices_are_listed_with_dram_size_and_dmabuf_export() {
 
 #[test]
 fn without_hl_thunk_gaudi_is_listed_as_absent_with_the_reason() {
-    let o = run(
+    let output = run(
         &["-d"],
         &[("UCT_GAUDI_HLTHUNK_LIB", "/nonexistent/libhl-thunk.so")],
     );
-    assert!(o.status.success());
-    let s = stdout(&o);
-    assert!(!s.contains("# Memory domain: gaudi0"), "{s}");
-    let line = s
+    assert!(output.status.success());
+    let printed = stdout(&output);
+    assert!(!printed.contains("# Memory domain: gaudi0"), "{printed}");
+    let line = printed
         .lines()
         .find(|l| l.trim_start_matches('#').trim_start().starts_with("gaudi:"))
-        .unwrap_or_else(|| panic!("no gaudi absence line in:\n{s}"));
+        .unwrap_or_else(|| panic!("no gaudi absence line in:\n{printed}"));
     assert!(line.contains("UCT_GAUDI_HLTHUNK_LIB"), "{line}");
 }
