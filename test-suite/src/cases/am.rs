@@ -19,13 +19,13 @@ pub fn cases() -> Vec<Case> {
 /// Waits for exactly one message on `id` and returns it.
 fn one(pair: &mut Pair, id: u8) -> Result<Vec<u8>, String> {
     pair.wait_inbox(id, 1)?;
-    let mut v = pair.target.take_inbox(id)?;
+    let mut messages = pair.target.take_inbox(id)?;
     ensure!(
-        v.len() == 1,
+        messages.len() == 1,
         "{} messages arrived on id {id}, 1 was sent",
-        v.len()
+        messages.len()
     );
-    Ok(v.remove(0))
+    Ok(messages.remove(0))
 }
 
 fn am_short(pair: &mut Pair) -> TestResult {
@@ -84,18 +84,21 @@ fn am_zcopy(pair: &mut Pair) -> TestResult {
     let attrs = pair.attrs();
     pair.target.listen(7)?;
     let header = pattern(attrs.max_am_header.min(32), 1200);
-    let n = attrs.am.max_iov.clamp(1, 3);
-    let piece = ((attrs.am.max_zcopy - header.len()) / n).min(8192);
-    let locals: Vec<_> = (0..n)
+    let pieces = attrs.am.max_iov.clamp(1, 3);
+    let piece = ((attrs.am.max_zcopy - header.len()) / pieces).min(8192);
+    let locals: Vec<_> = (0..pieces)
         .map(|_| pair.alloc(piece + 3, Access::all_rights()))
         .collect::<Result<_, _>>()?;
     let mut want = header.clone();
-    for (i, l) in locals.iter().enumerate() {
-        let d = pattern(piece, 1300 + i as u64);
-        l.write(3, &d).ctx("fill local")?;
-        want.extend_from_slice(&d);
+    for (i, local) in locals.iter().enumerate() {
+        let piece_data = pattern(piece, 1300 + i as u64);
+        local.write(3, &piece_data).ctx("fill local")?;
+        want.extend_from_slice(&piece_data);
     }
-    let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 3, piece)).collect();
+    let iov: Vec<Iov> = locals
+        .iter()
+        .map(|local| Iov::new(local, 3, piece))
+        .collect();
     let comp = Completion::new();
     pair.post_wait("am_zcopy", &comp, |ep, comp| {
         ep.am_zcopy(7, &header, &iov, Some(comp))
@@ -114,13 +117,13 @@ fn am_zcopy(pair: &mut Pair) -> TestResult {
 /// Messages on one endpoint arrive in the order sent.
 fn am_order(pair: &mut Pair) -> TestResult {
     pair.target.listen(1)?;
-    let n = 2000u64;
-    for seq in 0..n {
+    let count = 2000u64;
+    for seq in 0..count {
         let comp = Completion::new();
         pair.post_wait("am_short", &comp, |ep, _| ep.am_short(1, seq, &[]))
             .ctx("am_short")?;
     }
-    pair.wait_inbox(1, n as usize)?;
+    pair.wait_inbox(1, count as usize)?;
     for (i, d) in pair.target.take_inbox(1)?.into_iter().enumerate() {
         let seq = u64::from_le_bytes(
             d.get(..8)

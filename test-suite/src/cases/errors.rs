@@ -13,7 +13,7 @@ use crate::ensure;
 use crate::pair::{fake_device_memory, pattern, Context, Pair, TestResult, WAIT};
 
 pub fn cases() -> Vec<Case> {
-    let mut v = vec![
+    let mut cases = vec![
         case("bad_rkey_bytes", Caps::empty(), bad_rkey_bytes),
         case("out_of_range_put", Caps::PUT_BCOPY, out_of_range_put),
         case("out_of_range_get", Caps::GET_BCOPY, out_of_range_get),
@@ -30,15 +30,15 @@ pub fn cases() -> Vec<Case> {
     ];
     let mut secret = case("wrong_secret", Caps::PUT_BCOPY, wrong_secret);
     secret.soft_rkey = true;
-    v.push(secret);
+    cases.push(secret);
     let mut killed = case(
         "peer_killed",
         Caps::PUT_ZCOPY.union(Caps::FLUSH),
         peer_killed,
     );
     killed.two_process_only = true;
-    v.push(killed);
-    v
+    cases.push(killed);
+    cases
 }
 
 fn zeros(pair: &mut Pair, remote: &crate::target::RemoteMem) -> Result<bool, String> {
@@ -53,18 +53,18 @@ fn bad_rkey_bytes(pair: &mut Pair) -> TestResult {
     let good = remote.rkey.clone();
     let md = pair.resource.md.name().to_string();
     // Truncations, flips and noise: each unpacks to a key or an error.
-    let mut x = 0xdead_beef_u64;
+    let mut noise = 0xdead_beef_u64;
     for i in 0..2000usize {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let mut b = good.clone();
+        noise ^= noise << 13;
+        noise ^= noise >> 7;
+        noise ^= noise << 17;
+        let mut bytes = good.clone();
         match i % 3 {
-            0 => b.truncate(i % good.len()),
-            1 => b[(x as usize) % good.len()] ^= (x >> 8) as u8 | 1,
-            _ => b = pattern(i % 97, x),
+            0 => bytes.truncate(i % good.len()),
+            1 => bytes[(noise as usize) % good.len()] ^= (noise >> 8) as u8 | 1,
+            _ => bytes = pattern(i % 97, noise),
         }
-        let _ = pair.reg.unpack_rkey(&b, &md);
+        let _ = pair.reg.unpack_rkey(&bytes, &md);
     }
     let e = pair.reg.unpack_rkey(&good[..good.len() / 2], &md).err();
     ensure!(
@@ -277,12 +277,12 @@ fn oversized_short(pair: &mut Pair) -> TestResult {
 fn peer_closed(pair: &mut Pair) -> TestResult {
     pair.target.close()?;
     let comp = Completion::new();
-    let r = pair.post_wait("am to closed peer", &comp, |ep, _| {
+    let outcome = pair.post_wait("am to closed peer", &comp, |ep, _| {
         ep.am_bcopy(1, &[0u8; 8])
     });
-    let r = r.and_then(|_| pair.flush());
+    let outcome = outcome.and_then(|_| pair.flush());
     ensure!(
-        r.is_err(),
+        outcome.is_err(),
         "operations on an endpoint whose peer closed still succeed"
     );
     Ok(())

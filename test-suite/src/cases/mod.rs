@@ -37,13 +37,13 @@ const fn case(name: &'static str, needs: Caps, run: fn(&mut Pair) -> TestResult)
 
 /// Every case, in a stable order.
 pub fn all() -> Vec<Case> {
-    let mut v = Vec::new();
-    v.extend(rma::cases());
-    v.extend(am::cases());
-    v.extend(atomic::cases());
-    v.extend(ordering::cases());
-    v.extend(errors::cases());
-    v
+    let mut cases = Vec::new();
+    cases.extend(rma::cases());
+    cases.extend(am::cases());
+    cases.extend(atomic::cases());
+    cases.extend(ordering::cases());
+    cases.extend(errors::cases());
+    cases
 }
 
 /// Why `case` does not apply, if it does not.

@@ -40,15 +40,15 @@ pub(crate) fn put_retrying(
 
 /// Many puts without waiting, then one flush: everything has landed.
 fn flush_stream(pair: &mut Pair) -> TestResult {
-    let n = 64usize;
+    let count = 64usize;
     let piece = 4096usize;
-    let local = pair.alloc(n * piece, Access::all_rights())?;
-    let remote = pair.remote(n * piece, Access::all_rights())?;
-    let data = pattern(n * piece, 2000);
+    let local = pair.alloc(count * piece, Access::all_rights())?;
+    let remote = pair.remote(count * piece, Access::all_rights())?;
+    let data = pattern(count * piece, 2000);
     local.write(0, &data).ctx("fill")?;
     let rkey = pair.rkey(&remote)?;
     let comp = Completion::new();
-    for i in 0..n {
+    for i in 0..count {
         let iov = [Iov::new(&local, i * piece, piece)];
         put_retrying(pair, &iov, remote.addr + (i * piece) as u64, &rkey, &comp)?;
     }
@@ -57,7 +57,7 @@ fn flush_stream(pair: &mut Pair) -> TestResult {
     pair.wait_for("put completions", |_| Ok(fired.is_complete()))?;
     comp.result().ctx("put completion")?;
     ensure!(
-        pair.remote_read(&remote, 0, n * piece)? == data,
+        pair.remote_read(&remote, 0, count * piece)? == data,
         "data missing after flush"
     );
     Ok(())
@@ -68,18 +68,22 @@ fn fence(pair: &mut Pair) -> TestResult {
     let remote = pair.remote(4096, Access::all_rights())?;
     let rkey = pair.rkey(&remote)?;
     for round in 0..50u64 {
-        let a = pattern(512, 3000 + round);
-        let b = pattern(512, 4000 + round);
+        let first = pattern(512, 3000 + round);
+        let second = pattern(512, 4000 + round);
         let comp = Completion::new();
-        pair.post_wait("put a", &comp, |ep, _| ep.put_bcopy(&a, remote.addr, &rkey))
-            .ctx("put")?;
+        pair.post_wait("put a", &comp, |ep, _| {
+            ep.put_bcopy(&first, remote.addr, &rkey)
+        })
+        .ctx("put")?;
         pair.post_wait("fence", &comp, |ep, _| ep.fence())
             .ctx("fence")?;
-        pair.post_wait("put b", &comp, |ep, _| ep.put_bcopy(&b, remote.addr, &rkey))
-            .ctx("put")?;
+        pair.post_wait("put b", &comp, |ep, _| {
+            ep.put_bcopy(&second, remote.addr, &rkey)
+        })
+        .ctx("put")?;
         pair.flush().ctx("flush")?;
         ensure!(
-            pair.remote_read(&remote, 0, 512)? == b,
+            pair.remote_read(&remote, 0, 512)? == second,
             "round {round}: the put before the fence landed last"
         );
     }

@@ -23,11 +23,11 @@ pub fn cases() -> Vec<Case> {
 /// Sizes to try up to `max`: 1, 8, a few in between and `max` itself.
 fn sizes(max: usize, cap: usize) -> Vec<usize> {
     let max = max.min(cap);
-    let mut v = vec![1, 8, 61, 4096, max / 2 + 3, max];
-    v.retain(|&s| s >= 1 && s <= max);
-    v.sort_unstable();
-    v.dedup();
-    v
+    let mut list = vec![1, 8, 61, 4096, max / 2 + 3, max];
+    list.retain(|&size| size >= 1 && size <= max);
+    list.sort_unstable();
+    list.dedup();
+    list
 }
 
 /// Remote offset that is not aligned, to catch alignment assumptions.
@@ -107,20 +107,23 @@ fn put_zcopy(pair: &mut Pair) -> TestResult {
 
 /// Pieces of different handles and offsets gathered into one remote range.
 fn put_zcopy_iov(pair: &mut Pair) -> TestResult {
-    let n = pair.attrs().put.max_iov.clamp(1, 4);
+    let pieces = pair.attrs().put.max_iov.clamp(1, 4);
     let piece = 1000;
-    let locals: Vec<_> = (0..n)
+    let locals: Vec<_> = (0..pieces)
         .map(|_| pair.alloc(piece + 7, Access::all_rights()))
         .collect::<Result<_, _>>()?;
     let mut want = Vec::new();
-    for (i, l) in locals.iter().enumerate() {
-        let d = pattern(piece, 300 + i as u64);
-        l.write(7, &d).ctx("fill local")?;
-        want.extend_from_slice(&d);
+    for (i, local) in locals.iter().enumerate() {
+        let piece_data = pattern(piece, 300 + i as u64);
+        local.write(7, &piece_data).ctx("fill local")?;
+        want.extend_from_slice(&piece_data);
     }
     let remote = pair.remote(want.len() + OFF, Access::all_rights())?;
     let rkey = pair.rkey(&remote)?;
-    let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 7, piece)).collect();
+    let iov: Vec<Iov> = locals
+        .iter()
+        .map(|local| Iov::new(local, 7, piece))
+        .collect();
     let addr = remote.addr + OFF as u64;
     let comp = Completion::new();
     pair.post_wait("put_zcopy iov", &comp, |ep, comp| {
@@ -195,25 +198,28 @@ fn get_zcopy(pair: &mut Pair) -> TestResult {
 }
 
 fn get_zcopy_iov(pair: &mut Pair) -> TestResult {
-    let n = pair.attrs().get.max_iov.clamp(1, 4);
+    let pieces = pair.attrs().get.max_iov.clamp(1, 4);
     let piece = 777;
-    let remote = pair.remote(n * piece + OFF, Access::all_rights())?;
-    let data = pattern(n * piece, 700);
+    let remote = pair.remote(pieces * piece + OFF, Access::all_rights())?;
+    let data = pattern(pieces * piece, 700);
     pair.remote_write(&remote, OFF, &data)?;
     let rkey = pair.rkey(&remote)?;
-    let locals: Vec<_> = (0..n)
+    let locals: Vec<_> = (0..pieces)
         .map(|_| pair.alloc(piece + 5, Access::all_rights()))
         .collect::<Result<_, _>>()?;
-    let iov: Vec<Iov> = locals.iter().map(|l| Iov::new(l, 5, piece)).collect();
+    let iov: Vec<Iov> = locals
+        .iter()
+        .map(|local| Iov::new(local, 5, piece))
+        .collect();
     let addr = remote.addr + OFF as u64;
     let comp = Completion::new();
     pair.post_wait("get_zcopy iov", &comp, |ep, comp| {
         ep.get_zcopy(&iov, addr, &rkey, Some(comp))
     })
     .ctx("get_zcopy")?;
-    for (i, l) in locals.iter().enumerate() {
+    for (i, local) in locals.iter().enumerate() {
         let mut got = vec![0u8; piece];
-        l.read(5, &mut got).ctx("read local")?;
+        local.read(5, &mut got).ctx("read local")?;
         ensure!(
             got == data[i * piece..(i + 1) * piece],
             "iov piece {i} of get_zcopy holds other bytes"

@@ -250,17 +250,17 @@ impl Side {
         mut op: impl FnMut(&mut dyn Endpoint, &Completion) -> uct_core::Result<Status>,
     ) -> Result<()> {
         let comp = Completion::new();
-        let st = loop {
+        let status = loop {
             match op(self.ep.as_mut(), &comp)? {
                 Status::NoResource => {
                     self.iface.progress();
                 }
-                st => break st,
+                status => break status,
             }
         };
-        if st == Status::InProgress {
-            let c = comp.clone();
-            self.until(what, |_| c.is_complete())?;
+        if status == Status::InProgress {
+            let fired = comp.clone();
+            self.until(what, |_| fired.is_complete())?;
         }
         comp.result()?;
         Ok(())
@@ -270,11 +270,13 @@ impl Side {
     fn fill(&mut self, i: usize, len: usize, iter: u64) -> Result<()> {
         let mem = self.bufs[i].clone();
         match self.stage.as_mut() {
-            Some(st) => st.write(self.iface.as_mut(), &mem, len, |b| pattern_into(b, iter))?,
+            Some(stage) => stage.write(self.iface.as_mut(), &mem, len, |bytes| {
+                pattern_into(bytes, iter)
+            })?,
             None => {
-                let mut v = vec![0u8; len];
-                pattern_into(&mut v, iter);
-                mem.write(0, &v)?;
+                let mut bytes = vec![0u8; len];
+                pattern_into(&mut bytes, iter);
+                mem.write(0, &bytes)?;
             }
         }
         Ok(())
@@ -283,7 +285,7 @@ impl Side {
     fn read(&mut self, i: usize, len: usize) -> Result<Vec<u8>> {
         let mem = self.bufs[i].clone();
         Ok(match self.stage.as_mut() {
-            Some(st) => st.read(self.iface.as_mut(), &mem, len)?,
+            Some(stage) => stage.read(self.iface.as_mut(), &mem, len)?,
             None => mem.to_vec()?[..len].to_vec(),
         })
     }
@@ -314,9 +316,9 @@ impl Side {
 }
 
 fn pattern(len: usize, iter: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    pattern_into(&mut v, iter);
-    v
+    let mut bytes = vec![0u8; len];
+    pattern_into(&mut bytes, iter);
+    bytes
 }
 
 fn verify(phase: &'static str, iter: u64, data: &[u8], want_iter: u64) -> Result<()> {
@@ -585,11 +587,11 @@ fn main() {
         // thread starts.
         std::env::set_var("UCT_IB_GID_INDEX", g.to_string());
     }
-    let r = match cli.role {
+    let outcome = match cli.role {
         Role::Server(opts) => server(opts),
         Role::Client { host, opts } => client(&host, opts),
     };
-    if let Err(e) = r {
+    if let Err(e) = outcome {
         eprintln!("dmabuf-demo {name}: {e}");
         std::process::exit(1);
     }

@@ -125,28 +125,28 @@ fn print_text(args: &Args, reg: &Registry) {
 
 fn print_json(args: &Args, reg: &Registry) {
     let only = args.transport.as_deref();
-    let mut m = Map::new();
+    let mut report = Map::new();
     if args.version || args.all {
-        m.insert("version".into(), json!(uct_core::VERSION));
+        report.insert("version".into(), json!(uct_core::VERSION));
     }
     if args.build || args.all {
-        m.insert("build".into(), json!(info::build_info()));
+        report.insert("build".into(), json!(info::build_info()));
     }
     if args.all {
-        m.insert("components".into(), json!(info::components(reg)));
-        m.insert("modules".into(), json!(info::modules(reg)));
+        report.insert("components".into(), json!(info::components(reg)));
+        report.insert("modules".into(), json!(info::modules(reg)));
     }
     if args.devices || args.all {
-        m.insert("memory_domains".into(), json!(info::devices(reg, only)));
+        report.insert("memory_domains".into(), json!(info::devices(reg, only)));
         if only.is_none() {
-            m.insert("absent_transports".into(), json!(info::absent(reg)));
-            m.insert("absent_memory_domains".into(), json!(info::absent_mds(reg)));
+            report.insert("absent_transports".into(), json!(info::absent(reg)));
+            report.insert("absent_memory_domains".into(), json!(info::absent_mds(reg)));
         }
     }
     if args.config || args.all {
-        m.insert("config".into(), json!(info::config(reg)));
+        report.insert("config".into(), json!(info::config(reg)));
     }
-    m.insert(
+    report.insert(
         "warnings".into(),
         json!(reg
             .unknown_vars()
@@ -154,7 +154,7 @@ fn print_json(args: &Args, reg: &Registry) {
             .map(|u| u.to_string())
             .collect::<Vec<_>>()),
     );
-    match serde_json::to_string_pretty(&Value::Object(m)) {
+    match serde_json::to_string_pretty(&Value::Object(report)) {
         Ok(s) => println!("{s}"),
         Err(e) => {
             eprintln!("transport-info: cannot encode JSON: {e}");

@@ -122,15 +122,15 @@ impl Stage {
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<()> {
         self.check_len(len)?;
-        let mut v = vec![0u8; len];
-        fill(&mut v);
-        self.host.write(0, &v)?;
+        let mut bytes = vec![0u8; len];
+        fill(&mut bytes);
+        self.host.write(0, &bytes)?;
         let key = key_of(&self.keys, mem)?;
         let (ep, host) = (&mut self.ep, &self.host);
-        post_and_wait(iface, |c| {
-            ep.put_zcopy(&[Iov::new(host, 0, len)], mem.addr(), key, Some(c))
+        post_and_wait(iface, |comp| {
+            ep.put_zcopy(&[Iov::new(host, 0, len)], mem.addr(), key, Some(comp))
         })?;
-        post_and_wait(iface, |c| ep.flush(Some(c)))
+        post_and_wait(iface, |comp| ep.flush(Some(comp)))
     }
 
     /// Reads `len` bytes of `mem` at offset 0.
@@ -138,11 +138,11 @@ impl Stage {
         self.check_len(len)?;
         let key = key_of(&self.keys, mem)?;
         let (ep, host) = (&mut self.ep, &self.host);
-        post_and_wait(iface, |c| {
-            ep.get_zcopy(&[Iov::new(host, 0, len)], mem.addr(), key, Some(c))
+        post_and_wait(iface, |comp| {
+            ep.get_zcopy(&[Iov::new(host, 0, len)], mem.addr(), key, Some(comp))
         })?;
-        let mut v = vec![0u8; len];
-        self.host.read(0, &mut v)?;
-        Ok(v)
+        let mut bytes = vec![0u8; len];
+        self.host.read(0, &mut bytes)?;
+        Ok(bytes)
     }
 }
