@@ -102,14 +102,14 @@ impl DeviceInfo {
         let mut ports = Vec::new();
         for num in 1..=attr.phys_port_cnt {
             // SAFETY: ibv_port_attr is plain C data: all zeroes is valid.
-            let mut pa: ibv_port_attr = unsafe { std::mem::zeroed() };
+            let mut port_attr: ibv_port_attr = unsafe { std::mem::zeroed() };
             // SAFETY: `ctx` is open; the exported ibv_query_port fills the
-            // compat prefix of the (larger) struct, which `pa` contains.
+            // compat prefix of the (larger) struct, which `port_attr` contains.
             let r = unsafe {
                 ibv_query_port(
                     ctx.as_ptr(),
                     num,
-                    &mut pa as *mut _ as *mut _compat_ibv_port_attr,
+                    &mut port_attr as *mut _ as *mut _compat_ibv_port_attr,
                 )
             };
             if r != 0 {
@@ -119,7 +119,7 @@ impl DeviceInfo {
                 );
             }
             let mut gids = Vec::new();
-            for index in 0..pa.gid_tbl_len.max(0) as u32 {
+            for index in 0..port_attr.gid_tbl_len.max(0) as u32 {
                 // SAFETY: ibv_gid is a union of byte and integer arrays:
                 // all zeroes is valid.
                 let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
@@ -143,12 +143,12 @@ impl DeviceInfo {
             }
             ports.push(PortInfo {
                 num,
-                active: pa.state == ibv_port_state::IBV_PORT_ACTIVE,
+                active: port_attr.state == ibv_port_state::IBV_PORT_ACTIVE,
                 // IBV_LINK_LAYER_ETHERNET is 2 in verbs.h.
-                ethernet: pa.link_layer == 2,
-                mtu_bytes: mtu_bytes(pa.active_mtu),
-                mtu: pa.active_mtu,
-                lid: pa.lid,
+                ethernet: port_attr.link_layer == 2,
+                mtu_bytes: mtu_bytes(port_attr.active_mtu),
+                mtu: port_attr.active_mtu,
+                lid: port_attr.lid,
                 gids,
             });
         }

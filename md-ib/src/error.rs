@@ -301,12 +301,12 @@ mod tests {
         };
         assert_eq!(device, "rxe0");
         assert!(message.contains("INIT -> RTR"), "{message}");
+        // UctError's source is the ErrorSource that holds the VerbsError.
         let source = uct.source().expect("a source");
         let verbs = source
             .downcast_ref::<ErrorSource>()
-            .and_then(|s| s.downcast_ref::<VerbsError>())
-            .or_else(|| source.downcast_ref::<VerbsError>())
-            .expect("the source is the VerbsError");
+            .and_then(|held| held.downcast_ref::<VerbsError>())
+            .expect("the source holds the VerbsError");
         assert_eq!(verbs.errno, libc::EINVAL);
         assert_eq!(verbs.transition, Some((QpState::Init, QpState::Rtr)));
         // The chain goes on to the errno itself.

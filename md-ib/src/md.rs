@@ -90,19 +90,19 @@ pub struct IbMd {
     dmabuf: bool,
 }
 
-fn verbs_access(a: Access) -> i32 {
+fn verbs_access(access: Access) -> i32 {
     // Remote write and atomics need local write, by the verbs rules.
-    let mut f = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
-    if a.contains(Access::REMOTE_READ) {
-        f |= ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+    let mut flags = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+    if access.contains(Access::REMOTE_READ) {
+        flags |= ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
     }
-    if a.contains(Access::REMOTE_WRITE) {
-        f |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+    if access.contains(Access::REMOTE_WRITE) {
+        flags |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
     }
-    if a.contains(Access::REMOTE_ATOMIC) {
-        f |= ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+    if access.contains(Access::REMOTE_ATOMIC) {
+        flags |= ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
     }
-    f as i32
+    flags as i32
 }
 
 /// Asks the device whether it registers DMA-bufs: with fd -1, EBADF means
@@ -110,7 +110,7 @@ fn verbs_access(a: Access) -> i32 {
 fn probe_dmabuf(pd: &Pd) -> bool {
     // SAFETY: `pd` is a live PD (the caller holds it); with fd -1 the
     // driver cannot reach any memory, so the call only fails.
-    let p = unsafe {
+    let mr_ptr = unsafe {
         ibv_reg_dmabuf_mr(
             pd.as_ptr(),
             0,
@@ -120,10 +120,10 @@ fn probe_dmabuf(pd: &Pd) -> bool {
             verbs_access(Access::LOCAL_WRITE),
         )
     };
-    if !p.is_null() {
-        // SAFETY: `p` is an MR the call above just registered and nobody
+    if !mr_ptr.is_null() {
+        // SAFETY: `mr_ptr` is an MR the call above just registered and nobody
         // else has seen: deregistered once, here.
-        unsafe { ibv_dereg_mr(p) };
+        unsafe { ibv_dereg_mr(mr_ptr) };
         return true;
     }
     std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF)
@@ -182,18 +182,18 @@ impl IbMd {
 
     /// Unpacks a key packed by an IB MD.
     pub fn unpack_rkey(component: &str, entry: &RkeyEntry) -> Result<RemoteKey> {
-        let k: IbRkey = decode_payload(&entry.payload)?;
-        if k.base.checked_add(k.len).is_none() {
+        let key: IbRkey = decode_payload(&entry.payload)?;
+        if key.base.checked_add(key.len).is_none() {
             return Err(UctError::BadRkey(
                 "region wraps around the address space".into(),
             ));
         }
-        Ok(RemoteKey::new(component, entry.md.clone(), Box::new(k)))
+        Ok(RemoteKey::new(component, entry.md.clone(), Box::new(key)))
     }
 
     fn handle(
         &self,
-        b: IbBacking,
+        backing: IbBacking,
         addr: u64,
         len: usize,
         mem_type: MemoryType,
@@ -205,7 +205,7 @@ impl IbMd {
             mem_type,
             access,
             self.info.name.clone(),
-            Box::new(b),
+            Box::new(backing),
         )
     }
 }
@@ -256,23 +256,23 @@ impl MemoryDomain for IbMd {
         // SAFETY: the allocation lives in the handle as long as the MR.
         let mr = unsafe { self.reg_host(mem.as_ptr(), len, access) }?;
         let addr = mem.as_ptr() as u64;
-        let b = IbBacking {
+        let backing = IbBacking {
             mr,
             _alloc: Some(mem),
             _owner: None,
         };
-        Ok(self.handle(b, addr, len, MemoryType::Host, access))
+        Ok(self.handle(backing, addr, len, MemoryType::Host, access))
     }
 
     unsafe fn register(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemHandle> {
         // SAFETY: forwarded contract: the memory outlives the handle.
         let mr = unsafe { self.reg_host(addr, len, access) }?;
-        let b = IbBacking {
+        let backing = IbBacking {
             mr,
             _alloc: None,
             _owner: None,
         };
-        Ok(self.handle(b, addr as u64, len, MemoryType::Host, access))
+        Ok(self.handle(backing, addr as u64, len, MemoryType::Host, access))
     }
 
     fn register_dmabuf(
@@ -284,25 +284,25 @@ impl MemoryDomain for IbMd {
         access: Access,
     ) -> Result<MemHandle> {
         let mr = self.reg_dmabuf(fd, offset, len, iova, access)?;
-        let b = IbBacking {
+        let backing = IbBacking {
             mr,
             _alloc: None,
             _owner: None,
         };
-        Ok(self.handle(b, iova, len, MemoryType::DmaBuf, access))
+        Ok(self.handle(backing, iova, len, MemoryType::DmaBuf, access))
     }
 
     fn register_handle(&self, mem: &MemHandle, access: Access) -> Result<MemHandle> {
         if mem.mem_type().is_host_accessible() {
-            let p = mem.host_ptr(0, mem.len())?;
+            let host = mem.host_ptr(0, mem.len())?;
             // SAFETY: the new handle keeps `mem` alive, so the memory stays.
-            let mr = unsafe { self.reg_host(p, mem.len(), access) }?;
-            let b = IbBacking {
+            let mr = unsafe { self.reg_host(host, mem.len(), access) }?;
+            let backing = IbBacking {
                 mr,
                 _alloc: None,
                 _owner: Some(mem.clone()),
             };
-            return Ok(self.handle(b, mem.addr(), mem.len(), mem.mem_type(), access));
+            return Ok(self.handle(backing, mem.addr(), mem.len(), mem.mem_type(), access));
         }
         // Device memory: ask its owner for a DMA-buf, and register that
         // with iova = the device VA, so that work requests and rkeys use
@@ -347,12 +347,12 @@ impl MemoryDomain for IbMd {
             })?;
         // The MR holds its own reference on the DMA-buf; our fd can go.
         drop(fd);
-        let b = IbBacking {
+        let backing = IbBacking {
             mr,
             _alloc: None,
             _owner: Some(mem.clone()),
         };
-        Ok(self.handle(b, mem.addr(), mem.len(), mem.mem_type(), access))
+        Ok(self.handle(backing, mem.addr(), mem.len(), mem.mem_type(), access))
     }
 
     fn refusal(&self, mem_type: MemoryType) -> Option<String> {
@@ -361,7 +361,7 @@ impl MemoryDomain for IbMd {
     }
 
     fn pack_rkey(&self, mem: &MemHandle) -> Result<RkeyEntry> {
-        let b = mem
+        let backing = mem
             .backing()
             .as_any()
             .downcast_ref::<IbBacking>()
@@ -377,7 +377,7 @@ impl MemoryDomain for IbMd {
             component: self.component.into(),
             md: self.info.name.clone(),
             payload: encode_payload(&IbRkey {
-                rkey: b.rkey(),
+                rkey: backing.rkey(),
                 base: mem.addr(),
                 len: mem.len() as u64,
                 access: mem.access(),
@@ -396,7 +396,7 @@ impl IbMd {
     unsafe fn reg_host(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
         // SAFETY: the PD is live (self holds it) and the caller promises
         // that the memory stays valid while the MR lives.
-        let p = unsafe {
+        let mr_ptr = unsafe {
             ibv_reg_mr(
                 self.pd.as_ptr(),
                 addr as *mut libc::c_void,
@@ -404,11 +404,11 @@ impl IbMd {
                 verbs_access(access),
             )
         };
-        // SAFETY: `p` is null or an MR just registered on self.pd that
+        // SAFETY: `mr_ptr` is null or an MR just registered on self.pd that
         // nothing else owns.
         let mr = unsafe {
             Mr::from_raw(
-                p,
+                mr_ptr,
                 &self.pd,
                 format!("ibv_reg_mr of {len} bytes on {}", self.info.name),
             )
@@ -446,7 +446,7 @@ impl IbMd {
         // SAFETY: the PD is live (self holds it) and the fd is borrowed, so
         // open, for the call; the driver takes its own reference on the
         // DMA-buf, so the MR does not depend on our fd.
-        let p = unsafe {
+        let mr_ptr = unsafe {
             ibv_reg_dmabuf_mr(
                 self.pd.as_ptr(),
                 offset,
@@ -460,9 +460,9 @@ impl IbMd {
             "ibv_reg_dmabuf_mr(fd {}, offset {offset}, {len} bytes, iova {iova:#x})",
             fd.as_raw_fd()
         );
-        // SAFETY: `p` is null or an MR just registered on self.pd that
+        // SAFETY: `mr_ptr` is null or an MR just registered on self.pd that
         // nothing else owns.
-        let mr = unsafe { Mr::from_raw(p, &self.pd, call) };
+        let mr = unsafe { Mr::from_raw(mr_ptr, &self.pd, call) };
         Ok(mr?)
     }
 }

@@ -243,12 +243,12 @@ impl Connection {
                 // poll: look at it every few thousand idle polls.
                 self.idle_polls = self.idle_polls.wrapping_add(1);
                 if self.idle_polls.is_multiple_of(4096) && self.peer_timed_out() {
-                    let e = UctError::EndpointFailed(format!(
+                    let error = UctError::EndpointFailed(format!(
                         "rc {}: no work completion for {:?} with {} operations outstanding; the peer is dead or unreachable (UCT_RC_PEER_TIMEOUT)",
                         self.device, self.peer_timeout, self.tx.outstanding()
                     ));
                     self.qp.to_error();
-                    self.fail(e);
+                    self.fail(error);
                     return total + 1;
                 }
                 return total;
