@@ -209,7 +209,7 @@ impl Drop for Mr {
         if r != 0 {
             log::warn!(
                 "verbs: ibv_dereg_mr failed: {}",
-                std::io::Error::from_raw_os_error(r)
+                crate::error::errno_text(r)
             );
         }
     }

@@ -60,28 +60,30 @@ fn vgem_node() -> Option<std::path::PathBuf> {
 fn vgem_dmabuf() -> Result<(OwnedFd, u64), Failed> {
     let node = vgem_node().ok_or("vgem is not loaded")?;
     let card = OpenOptions::new().read(true).write(true).open(&node)?;
-    let mut c = CreateDumb {
+    let mut dumb = CreateDumb {
         height: 256,
         width: 1024,
         bpp: 32,
         ..Default::default()
     };
-    // SAFETY: a DRM fd and the struct the ioctl expects.
-    if unsafe { libc::ioctl(card.as_raw_fd(), DRM_IOCTL_MODE_CREATE_DUMB, &mut c) } != 0 {
+    // SAFETY: `card` is an open DRM fd (borrowed for the call) and `dumb` is
+    // the drm_mode_create_dumb struct this ioctl reads and writes.
+    if unsafe { libc::ioctl(card.as_raw_fd(), DRM_IOCTL_MODE_CREATE_DUMB, &mut dumb) } != 0 {
         return Err(format!(
             "DRM_IOCTL_MODE_CREATE_DUMB: {}",
             std::io::Error::last_os_error()
         )
         .into());
     }
-    let mut p = PrimeHandle {
-        handle: c.handle,
+    let mut prime = PrimeHandle {
+        handle: dumb.handle,
         flags: (libc::O_RDWR | libc::O_CLOEXEC) as u32,
         fd: -1,
     };
-    // SAFETY: as above.
-    if unsafe { libc::ioctl(card.as_raw_fd(), DRM_IOCTL_PRIME_HANDLE_TO_FD, &mut p) } != 0
-        || p.fd < 0
+    // SAFETY: `card` is an open DRM fd and `prime` is the drm_prime_handle
+    // struct this ioctl reads and writes.
+    if unsafe { libc::ioctl(card.as_raw_fd(), DRM_IOCTL_PRIME_HANDLE_TO_FD, &mut prime) } != 0
+        || prime.fd < 0
     {
         return Err(format!(
             "DRM_IOCTL_PRIME_HANDLE_TO_FD: {}",
@@ -89,8 +91,9 @@ fn vgem_dmabuf() -> Result<(OwnedFd, u64), Failed> {
         )
         .into());
     }
-    // SAFETY: the ioctl returned a new fd we now own.
-    Ok((unsafe { OwnedFd::from_raw_fd(p.fd) }, c.size))
+    // SAFETY: the ioctl succeeded and returned a new fd (checked >= 0)
+    // that nothing else owns, so the OwnedFd may close it.
+    Ok((unsafe { OwnedFd::from_raw_fd(prime.fd) }, dumb.size))
 }
 
 fn refused(dev: String) -> Result<(), Failed> {
