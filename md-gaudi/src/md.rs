@@ -54,7 +54,7 @@ struct GaudiAlloc {
 fn dup(fd: &OwnedFd, device: &str) -> Result<OwnedFd> {
     fd.try_clone().map_err(|e| UctError::Device {
         device: device.to_string(),
-        message: "cannot dup the DMA-buf fd; raise the open-file limit (ulimit -n)".into(),
+        message: format!("cannot dup the DMA-buf fd: {e}; raise the open-file limit (ulimit -n)"),
         source: Some(e.into()),
     })
 }

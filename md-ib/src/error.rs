@@ -301,12 +301,11 @@ mod tests {
         };
         assert_eq!(device, "rxe0");
         assert!(message.contains("INIT -> RTR"), "{message}");
-        // UctError's source is the ErrorSource that holds the VerbsError.
-        let source = uct.source().expect("a source");
-        let verbs = source
-            .downcast_ref::<ErrorSource>()
-            .and_then(|held| held.downcast_ref::<VerbsError>())
-            .expect("the source holds the VerbsError");
+        // UctError's source is the VerbsError itself.
+        let verbs = uct
+            .source()
+            .and_then(|source| source.downcast_ref::<VerbsError>())
+            .expect("the source is the VerbsError");
         assert_eq!(verbs.errno, libc::EINVAL);
         assert_eq!(verbs.transition, Some((QpState::Init, QpState::Rtr)));
         // The chain goes on to the errno itself.

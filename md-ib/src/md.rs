@@ -17,6 +17,7 @@ use uct_core::{
 };
 
 use crate::device::DeviceInfo;
+use crate::error::{errno_text, VerbsError, ENOTSUPP};
 use crate::verbs::{Context, Mr, Pd};
 
 /// NICs whose drivers register DMA-bufs.
@@ -456,12 +457,29 @@ impl IbMd {
                 verbs_access(access),
             )
         };
+        // Read errno before anything else can change it.
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
         let call = format!(
             "ibv_reg_dmabuf_mr(fd {}, offset {offset}, {len} bytes, iova {iova:#x})",
             fd.as_raw_fd()
         );
-        // SAFETY: `mr_ptr` is null or an MR just registered on self.pd that
-        // nothing else owns.
+        if mr_ptr.is_null() {
+            if errno == libc::EOPNOTSUPP || errno == ENOTSUPP {
+                // The NIC passed the probe but refuses this exporter: the
+                // same kind of error as a NIC without DMA-buf import, so
+                // that register_handle names the NICs that can.
+                return Err(UctError::Unsupported {
+                    transport: self.info.name.clone(),
+                    operation: format!(
+                        "registering DMA-buf memory: {call} failed with {}, this NIC cannot import DMA-buf from this exporter; use a NIC that can: {DMABUF_NICS}",
+                        errno_text(errno)
+                    ),
+                });
+            }
+            return Err(VerbsError::new(call, errno).on(&self.info.name).into());
+        }
+        // SAFETY: `mr_ptr` is an MR just registered on self.pd (not null,
+        // checked above) that nothing else owns.
         let mr = unsafe { Mr::from_raw(mr_ptr, &self.pd, call) };
         Ok(mr?)
     }

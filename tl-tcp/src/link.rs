@@ -320,7 +320,9 @@ impl Link {
                         self.direct = Some(Direct {
                             req,
                             key,
-                            addr: addr + have as u64,
+                            // A peer-chosen address: wrap, never overflow (a range that
+                            // wraps was refused by `access` above).
+                            addr: addr.wrapping_add(have as u64),
                             remaining: data_len - have,
                             error: checked.err(),
                         });
@@ -380,7 +382,7 @@ impl Link {
             if received == 0 {
                 return Ok(None);
             }
-            put.addr += received as u64;
+            put.addr = put.addr.wrapping_add(received as u64);
             put.remaining -= received;
         }
         Ok(Some(put.error.take()))

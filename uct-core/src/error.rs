@@ -7,9 +7,13 @@ use std::sync::Arc;
 use crate::memory::{Access, MemoryType};
 
 /// The underlying error of a [`UctError`] (an `io::Error`, a driver's or a
-/// verbs error), kept as its `source()` so that callers can walk the chain
-/// and downcast. Shared, so that `UctError` stays `Clone`; two sources are
-/// equal when their messages are.
+/// verbs error), kept so that callers can walk the chain and downcast.
+/// Shared, so that `UctError` stays `Clone`; two sources are equal when
+/// their messages are.
+///
+/// It is not an error itself but derefs to the one it holds: the `source()`
+/// of a `UctError` is therefore the wrapped error, not a wrapper around it,
+/// and `source().downcast_ref::<std::io::Error>()` finds an `io::Error`.
 #[derive(Clone)]
 pub struct ErrorSource(Arc<dyn std::error::Error + Send + Sync + 'static>);
 
@@ -48,10 +52,11 @@ impl fmt::Display for ErrorSource {
     }
 }
 
-// Transparent: the chain continues with the wrapped error's own source.
-impl std::error::Error for ErrorSource {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0.source()
+impl std::ops::Deref for ErrorSource {
+    type Target = dyn std::error::Error + Send + Sync + 'static;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
     }
 }
 
@@ -233,18 +238,6 @@ impl UctError {
         }
     }
 
-    /// An error of a library or driver below uct-rs (verbs, hl-thunk,
-    /// CUDA), kept as the source; `context` says what was being done.
-    pub fn lower(
-        context: impl Into<String>,
-        err: impl std::error::Error + Send + Sync + 'static,
-    ) -> Self {
-        UctError::Io {
-            context: context.into(),
-            source: ErrorSource::new(err),
-        }
-    }
-
     /// A capability the transport does not have.
     pub fn unsupported(transport: &str, operation: &str) -> Self {
         UctError::Unsupported {
@@ -265,10 +258,10 @@ mod tests {
             "open /dev/shm/x",
             std::io::Error::from_raw_os_error(libc::ENOENT),
         );
-        let source = err.source().expect("a source");
-        let io = source
-            .downcast_ref::<ErrorSource>()
-            .and_then(|s| s.downcast_ref::<std::io::Error>())
+        // The source is the io::Error itself, not a wrapper.
+        let io = err
+            .source()
+            .and_then(|source| source.downcast_ref::<std::io::Error>())
             .expect("the io::Error");
         assert_eq!(io.raw_os_error(), Some(libc::ENOENT));
         assert!(err.to_string().starts_with("open /dev/shm/x: "), "{err}");
@@ -283,7 +276,12 @@ mod tests {
             message: "refused".into(),
             source: Some(std::io::Error::from_raw_os_error(libc::EPERM).into()),
         };
-        assert!(with.source().is_some());
+        assert_eq!(
+            with.source()
+                .and_then(|source| source.downcast_ref::<std::io::Error>())
+                .and_then(std::io::Error::raw_os_error),
+            Some(libc::EPERM)
+        );
         let without = UctError::Device {
             device: "rxe0".into(),
             message: "refused".into(),

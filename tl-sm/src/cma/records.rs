@@ -1,5 +1,6 @@
 //! Registration records of this process's cma regions, in one shared-memory
-//! table that peers map read-only in effect (they only load from it). An
+//! table that peers map (read-write, as every segment is mapped) and only
+//! load from. An
 //! initiator checks the owner's record (state, secret, range, rights) with a
 //! few loads before every transfer, with no system call.
 

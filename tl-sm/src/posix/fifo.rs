@@ -169,7 +169,12 @@ impl Ring {
             }
             if header
                 .head
-                .compare_exchange_weak(head, head + 1, Ordering::AcqRel, Ordering::Relaxed)
+                .compare_exchange_weak(
+                    head,
+                    head.wrapping_add(1),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
                 .is_ok()
             {
                 break head;
@@ -194,7 +199,8 @@ impl Ring {
         let (len, msg_id, seq) = unsafe { (&(*slot).len, &(*slot).id, &(*slot).seq) };
         len.store(at as u64, Ordering::Relaxed);
         msg_id.store(id as u64, Ordering::Relaxed);
-        seq.store(pos + 1, Ordering::Release);
+        // Positions come from shared memory: wrap, never overflow.
+        seq.store(pos.wrapping_add(1), Ordering::Release);
         Ok(Push::Done)
     }
 
@@ -208,14 +214,18 @@ impl Ring {
             let slot = self.slot(pos);
             // SAFETY: `slot` is inside the mapping and aligned; seq is an
             // atomic.
-            if unsafe { &(*slot).seq }.load(Ordering::Acquire) != pos + 1 {
+            if unsafe { &(*slot).seq }.load(Ordering::Acquire) != pos.wrapping_add(1) {
                 return drained;
             }
-            // SAFETY: the producer published the slot (the Acquire load of
-            // seq above pairs with its Release store), and no producer
-            // claims it again until tail moves past it, which happens after
-            // `f` returns: the data is not written while the slice lives.
-            // len is clamped to SLOT_DATA, so the slice stays in the slot.
+            // SAFETY: the slice lies inside our own mapping of the ring: the
+            // slot is (see `slot`), and len, which a peer wrote, is clamped
+            // to SLOT_DATA. The producer published the slot (the Acquire
+            // load of seq pairs with its Release store) and an honest one
+            // does not claim it again until tail moves past it, after `f`
+            // returns. A hostile process that maps the ring and rewrites the
+            // slot meanwhile can change the bytes `f` sees, never make it
+            // read outside the mapping; a copy-out that also removes that
+            // race is part of the hostile-peer work (docs/design.md).
             let (id, data) = unsafe {
                 let len = ((*slot).len.load(Ordering::Relaxed) as usize).min(SLOT_DATA);
                 let id = (*slot).id.load(Ordering::Relaxed) as u8;
@@ -223,7 +233,7 @@ impl Ring {
                 (id, std::slice::from_raw_parts(data, len))
             };
             f(id, data);
-            header.tail.store(pos + 1, Ordering::Release);
+            header.tail.store(pos.wrapping_add(1), Ordering::Release);
             drained += 1;
         }
     }

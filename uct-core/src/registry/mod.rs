@@ -524,7 +524,7 @@ impl Registry {
             )
         } else {
             format!(
-                "no component provides it; modules that could provide it did not load: {}",
+                "no component here provides it; it may be in a module that did not load: {}",
                 not_loaded.join("; ")
             )
         }
