@@ -299,14 +299,34 @@ mod tests {
         }
     }
 
+    /// What one fuzz category did: keys refused, and keys accepted.
+    #[derive(Debug, Default)]
+    struct Tally {
+        refused: usize,
+        accepted: usize,
+    }
+
+    #[test]
+    fn every_truncation_of_a_good_key_is_refused() {
+        let good = sample().pack().unwrap();
+        for len in 0..good.len() {
+            assert!(
+                matches!(RkeyBundle::unpack(&good[..len]), Err(UctError::BadRkey(_))),
+                "the first {len} of {} bytes were accepted",
+                good.len()
+            );
+        }
+    }
+
     #[test]
     fn hundred_thousand_random_and_truncated_rkeys_never_panic() {
+        const NAMES: [&str; 4] = ["truncated", "flipped", "magic+noise", "noise"];
         let good = sample().pack().unwrap();
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-        let mut errors = 0usize;
-        let mut accepted = 0usize;
+        let mut tally: [Tally; 4] = Default::default();
         for i in 0..100_000u32 {
-            let bytes: Vec<u8> = match i % 4 {
+            let category = (i % 4) as usize;
+            let bytes: Vec<u8> = match category {
                 // Truncations of a good key.
                 0 => good[..(rng.next() as usize % good.len())].to_vec(),
                 // A good key with random bytes flipped.
@@ -333,15 +353,32 @@ mod tests {
             };
             match RkeyBundle::unpack(&bytes) {
                 Ok(b) => {
-                    accepted += 1;
+                    tally[category].accepted += 1;
                     assert!(!b.entries().is_empty());
+                    // What is accepted is a well-formed key: it packs back
+                    // to exactly the bytes it came from.
+                    assert_eq!(
+                        b.pack().unwrap(),
+                        bytes,
+                        "{} key accepted but not canonical",
+                        NAMES[category]
+                    );
                 }
-                Err(UctError::BadRkey(_)) => errors += 1,
+                Err(UctError::BadRkey(_)) => tally[category].refused += 1,
                 Err(other) => panic!("unexpected error kind: {other}"),
             }
         }
-        assert_eq!(errors + accepted, 100_000);
-        // Every truncation must be refused.
-        assert!(errors >= 25_000, "only {errors} refused");
+        for (name, t) in NAMES.iter().zip(&tally) {
+            assert_eq!(t.refused + t.accepted, 25_000, "{name}: {t:?}");
+        }
+        // Every truncation is refused, counted in its own category.
+        assert_eq!(
+            tally[0].accepted, 0,
+            "truncated keys accepted: {:?}",
+            tally[0]
+        );
+        assert_eq!(tally[0].refused, 25_000);
+        // Noise never carries the magic, so none of it can be a key.
+        assert_eq!(tally[3].accepted, 0, "noise accepted: {:?}", tally[3]);
     }
 }
