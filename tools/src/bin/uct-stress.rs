@@ -57,6 +57,71 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
 
+/// What one run of mem-cycles did, for its report line.
+struct CycleReport<'a> {
+    md: &'a str,
+    mem_type: MemoryType,
+    /// The owner answered a memory query (and, for device memory, gave a
+    /// DMA-buf, which the allocation exported).
+    queried: bool,
+    /// The NIC's memory domain every allocation was registered with.
+    nic_md: Option<&'a str>,
+    /// Cycles that ran, and cycles asked for.
+    done: u64,
+    asked: u64,
+    seconds: u64,
+    elapsed: Duration,
+    fds: usize,
+}
+
+impl CycleReport<'_> {
+    /// The steps of one cycle, named for what they do: an MD's `alloc`
+    /// registers with that MD only; a NIC registration is named with the
+    /// NIC's MD.
+    fn steps(&self) -> String {
+        let mut steps = vec!["alloc".to_string()];
+        if self.queried {
+            if self.mem_type.is_host_accessible() {
+                steps.push("query".into());
+            } else {
+                steps.push("export".into());
+                steps.push("query".into());
+            }
+        }
+        if let Some(nic) = self.nic_md {
+            steps.push(format!("register with {nic}"));
+        }
+        steps.push("free".into());
+        steps.join("/")
+    }
+
+    /// One line: what ran, how many times (the count that ran, never the
+    /// count asked for), and why it stopped short when it did.
+    fn line(&self) -> String {
+        let count = if self.done < self.asked {
+            format!(
+                "x{} of {} (stopped at the --seconds {} limit)",
+                self.done, self.asked, self.seconds
+            )
+        } else {
+            format!("x{}", self.done)
+        };
+        let nic = if self.nic_md.is_none() && self.mem_type.is_host_accessible() {
+            " (no NIC registration: --nic adds one)"
+        } else {
+            ""
+        };
+        format!(
+            "mem-cycles: {} {} {count} on {}{nic} in {:.1}s; fds {} before and after",
+            self.mem_type,
+            self.steps(),
+            self.md,
+            self.elapsed.as_secs_f64(),
+            self.fds
+        )
+    }
+}
+
 fn mem_cycles(
     md_name: &str,
     nic: Option<&str>,
@@ -85,6 +150,7 @@ fn mem_cycles(
     let before = open_fds();
     let start = Instant::now();
     let mut done = 0u64;
+    let mut queried = false;
     while done < count && start.elapsed() < Duration::from_secs(seconds) {
         let mem = md
             .alloc(size, mem_type, Access::all_rights())
@@ -94,6 +160,7 @@ fn mem_cycles(
             if mem_type != MemoryType::Host && info.dmabuf.is_none() {
                 return Err(format!("cycle {done}: no DMA-buf for {mem_type} memory"));
             }
+            queried = true;
         }
         if let Some(nic_md) = &nic_md {
             let registered = nic_md
@@ -104,17 +171,29 @@ fn mem_cycles(
         drop(mem);
         done += 1;
     }
+    if done == 0 {
+        return Err(format!(
+            "no cycle ran on {md_name} within --seconds {seconds}; give it more time"
+        ));
+    }
     let after = open_fds();
     if after != before {
         return Err(format!(
             "{done} cycles: {before} fds open before, {after} after"
         ));
     }
-    Ok(format!(
-        "mem-cycles: {done} cycles of {size} bytes of {mem_type} memory on {md_name}{} in {:.1}s; fds {before} before and after",
-        nic.map(|n| format!(", registered with {n}")).unwrap_or_default(),
-        start.elapsed().as_secs_f64()
-    ))
+    Ok(CycleReport {
+        md: md_name,
+        mem_type,
+        queried,
+        nic_md: nic_md.as_ref().map(|m| m.name()),
+        done,
+        asked: count,
+        seconds,
+        elapsed: start.elapsed(),
+        fds: before,
+    }
+    .line())
 }
 
 fn endpoints(transport: &str, device: Option<&str>, count: usize) -> Result<String, String> {
@@ -254,5 +333,75 @@ fn main() {
             eprintln!("uct-stress: FAILED: {e}");
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(done: u64, asked: u64) -> CycleReport<'static> {
+        CycleReport {
+            md: "gaudi0",
+            mem_type: MemoryType::Gaudi,
+            queried: true,
+            nic_md: None,
+            done,
+            asked,
+            seconds: 20,
+            elapsed: Duration::from_secs(20),
+            fds: 9,
+        }
+    }
+
+    #[test]
+    fn the_count_reported_is_the_count_that_ran() {
+        let line = report(1234, 2000).line();
+        assert!(line.contains(" x1234 of 2000 "), "{line}");
+        assert!(line.contains("stopped at the --seconds 20 limit"), "{line}");
+        assert!(!line.contains("x2000"), "{line}");
+        let line = report(2000, 2000).line();
+        assert!(line.contains(" x2000 on gaudi0"), "{line}");
+        assert!(!line.contains("stopped"), "{line}");
+    }
+
+    #[test]
+    fn steps_are_named_for_what_they_do() {
+        let gaudi = report(1, 1);
+        assert_eq!(gaudi.steps(), "alloc/export/query/free");
+        let nic = CycleReport {
+            nic_md: Some("mlx5_0"),
+            ..report(1, 1)
+        };
+        assert_eq!(nic.steps(), "alloc/export/query/register with mlx5_0/free");
+        let host = CycleReport {
+            md: "posix",
+            mem_type: MemoryType::Host,
+            queried: false,
+            ..report(1, 1)
+        };
+        assert_eq!(host.steps(), "alloc/free");
+        let line = host.line();
+        assert!(
+            line.contains("host alloc/free x1 on posix (no NIC registration"),
+            "{line}"
+        );
+        assert!(!line.contains("register"), "{line}");
+    }
+
+    #[test]
+    fn a_run_cut_short_by_its_time_limit_says_so() {
+        uct_builtins::link();
+        let line = mem_cycles("posix", None, u64::MAX, 4096, 1).expect("mem-cycles on posix");
+        assert!(
+            line.contains(&format!(" of {} (stopped", u64::MAX)),
+            "{line}"
+        );
+        let line = mem_cycles("posix", None, 3, 4096, 60).expect("mem-cycles on posix");
+        assert!(line.contains("host alloc/free x3 on posix"), "{line}");
+        assert!(
+            mem_cycles("posix", None, 3, 4096, 0).is_err(),
+            "no cycle ran"
+        );
     }
 }
