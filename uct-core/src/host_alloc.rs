@@ -11,7 +11,9 @@ use crate::error::{Result, UctError};
 const PAGE: usize = 4096;
 const HUGE: usize = 2 << 20;
 
-enum Kind {
+/// Where the buffer came from, which says how to free it.
+enum Provenance {
+    /// The global allocator, with this layout.
     Heap(Layout),
     /// The whole mapping (start, length), of which the buffer is a part.
     Mmap(NonNull<u8>, usize),
@@ -21,7 +23,7 @@ enum Kind {
 pub struct HostAlloc {
     ptr: NonNull<u8>,
     len: usize,
-    kind: Kind,
+    provenance: Provenance,
 }
 
 // SAFETY: the buffer is owned exclusively; access to its bytes is the
@@ -48,7 +50,7 @@ impl HostAlloc {
         Ok(HostAlloc {
             ptr,
             len,
-            kind: Kind::Heap(layout),
+            provenance: Provenance::Heap(layout),
         })
     }
 
@@ -87,7 +89,7 @@ impl HostAlloc {
         Some(HostAlloc {
             ptr,
             len,
-            kind: Kind::Mmap(start, map_len),
+            provenance: Provenance::Mmap(start, map_len),
         })
     }
 
@@ -109,11 +111,11 @@ impl HostAlloc {
 
 impl Drop for HostAlloc {
     fn drop(&mut self) {
-        match self.kind {
+        match self.provenance {
             // SAFETY: allocated in `new` with this layout, freed once.
-            Kind::Heap(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) },
+            Provenance::Heap(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) },
             // SAFETY: unmapping exactly the mapping made in `huge`, once.
-            Kind::Mmap(start, len) => unsafe {
+            Provenance::Mmap(start, len) => unsafe {
                 libc::munmap(start.as_ptr() as *mut libc::c_void, len);
             },
         }

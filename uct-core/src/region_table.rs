@@ -53,18 +53,18 @@ pub struct RegionTable {
 }
 
 fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
+    let mut bytes = [0u8; 8];
     // getrandom only fails where the OS has no entropy source at all; a
     // counter-derived value would make secrets guessable, so fall back to
     // the address-space layout and time mixed, which is still per-run.
-    if getrandom::fill(&mut b).is_err() {
+    if getrandom::fill(&mut bytes).is_err() {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
-        return t ^ (&b as *const _ as u64).rotate_left(32);
+        return t ^ (&bytes as *const _ as u64).rotate_left(32);
     }
-    u64::from_ne_bytes(b)
+    u64::from_ne_bytes(bytes)
 }
 
 fn check_range(base: u64, region_len: u64, addr: u64, len: u64) -> Result<()> {
