@@ -2,11 +2,24 @@
 //! one process and across two (the target in a child process connected
 //! through the bootstrap channel), and names each known transport that is
 //! absent with the reason it is absent.
+//!
+//! Coverage is declared, not discovered: the transports a run expects (on a
+//! host: self, posix, cma, tcp and the example module's loop; inside
+//! scripts/rxe-vm also rc) must be present, and a missing one fails the run
+//! with the registry's reason. `UCT_TEST_EXPECT=self,posix` narrows (or
+//! names) the expected set explicitly; the summary then says what it left
+//! out. A filter that names one transport (`rc::`, as scripts/test runs
+//! inside the VM) expects that transport and leaves the others out of the
+//! run and the tally. Only an absent transport that is not expected is a
+//! skip. Not-applicable cases and skips are reported as ignored whatever
+//! the flags (`--include-ignored` included), never as passed, and the
+//! closing tally is checked against what the harness ran.
 
 use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use test_suite::pair::Mode;
 use test_suite::{all_cases, not_applicable, Pair};
 use uct_core::{Access, DeviceType, MemoryType, Registry, Resource};
@@ -16,11 +29,81 @@ use uct_core::{Access, DeviceType, MemoryType, Registry, Resource};
 /// the registry's reason.
 const EXPECTED_TRANSPORTS: &[&str] = &["self", "posix", "cma", "tcp", "rc", "loop"];
 
+/// The transports every host run expects: built in (self, posix, cma, tcp)
+/// or from the example module the workspace builds (loop).
+const HOST_TRANSPORTS: &[&str] = &["self", "posix", "cma", "tcp", "loop"];
+
+/// Coverage names `UCT_TEST_EXPECT` may hold that this suite does not use
+/// (the simulator's memory domains, checked by the Gaudi tests and the
+/// shell suites).
+const OTHER_COVERAGE: &[&str] = &["gaudi0", "gaudi1"];
+
+/// Set by scripts/rxe-vm inside the VM to the RDMA device it brought up
+/// (rxe0): rc is then expected.
+const RXE_VM_DEVICE: &str = "RXE_VM_DEVICE";
+
+/// The expected coverage of this run.
+struct Expected {
+    /// Transports that must be present.
+    transports: Vec<String>,
+    /// What `UCT_TEST_EXPECT` left out of the default set, with its value.
+    left_out: Option<(String, Vec<String>)>,
+    /// Names in `UCT_TEST_EXPECT` that no transport or known memory domain has.
+    unknown: Vec<String>,
+}
+
+/// The default expectation, narrowed or replaced by `UCT_TEST_EXPECT`, or
+/// by a filter that names one transport.
+fn expected(reg: &Registry, only: Option<&str>) -> Expected {
+    let mut default: Vec<String> = HOST_TRANSPORTS.iter().map(|t| t.to_string()).collect();
+    if std::env::var_os(RXE_VM_DEVICE).is_some() {
+        default.push("rc".into());
+    }
+    let (mut transports, left_out, unknown) = match std::env::var("UCT_TEST_EXPECT") {
+        Err(_) => (default, None, Vec::new()),
+        Ok(value) => {
+            let named: Vec<String> = value
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(String::from)
+                .collect();
+            let known_transport = |n: &str| {
+                EXPECTED_TRANSPORTS.contains(&n) || reg.transport_names().iter().any(|t| t == n)
+            };
+            let unknown = named
+                .iter()
+                .filter(|n| !known_transport(n) && !OTHER_COVERAGE.contains(&n.as_str()))
+                .cloned()
+                .collect();
+            let left: Vec<String> = default
+                .iter()
+                .filter(|d| !named.contains(d))
+                .cloned()
+                .collect();
+            let transports = named.into_iter().filter(|n| known_transport(n)).collect();
+            (transports, Some((value, left)), unknown)
+        }
+    };
+    if let Some(tl) = only {
+        transports = vec![tl.to_string()];
+    }
+    Expected {
+        transports,
+        left_out,
+        unknown,
+    }
+}
+
 #[derive(Default)]
 struct Tally {
     passed: usize,
     failed: usize,
     not_applicable: usize,
+    /// Absent and not expected.
+    skipped: usize,
+    /// Absent though expected (each also counts as failed).
+    missing: usize,
 }
 
 type Tallies = Arc<Mutex<BTreeMap<String, Tally>>>;
@@ -45,21 +128,63 @@ fn record(tally: &Tallies, key: &str, f: impl FnOnce(&mut Tally)) {
         .or_default());
 }
 
+/// A trial that is counted, when the harness runs it, as not applicable or
+/// skipped: ignored with its reason, whatever the flags.
+fn not_run(name: String, tally: &Tallies, key: String, why: String, skip: bool) -> Trial {
+    let tally = tally.clone();
+    Trial::ignorable_test(name, move || {
+        record(&tally, &key, |t| {
+            if skip {
+                t.skipped += 1
+            } else {
+                t.not_applicable += 1
+            }
+        });
+        Ok(Completion::ignored_with(why))
+    })
+}
+
+/// A trial that fails, counted as failed when the harness runs it.
+fn failing(name: String, tally: &Tallies, key: String, why: String, missing: bool) -> Trial {
+    let tally = tally.clone();
+    Trial::test(name, move || {
+        record(&tally, &key, |t| {
+            t.failed += 1;
+            if missing {
+                t.missing += 1
+            }
+        });
+        Err(Failed::from(why))
+    })
+}
+
+/// The message a panic carried.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(no message)".into())
+}
+
 fn main() {
     uct_builtins::link();
     // A child started by a two-process case serves its target here.
     test_suite::target::run_agent_if_asked();
     uct_core::logging::init();
     let args = Arguments::from_args();
-    // A filter such as `rc::` names one transport: leave the others out of
-    // the tally, not just out of the run.
+    let reg: &'static Registry = Registry::global();
+    // A filter such as `rc::` names one transport: that transport is
+    // expected, and the others are out of the tally, not just out of the run.
     let only: Option<String> = args
         .filter
         .as_deref()
         .and_then(|f| f.split_once("::"))
-        .map(|(tl, _)| tl.to_string());
+        .map(|(tl, _)| tl.to_string())
+        .filter(|tl| {
+            EXPECTED_TRANSPORTS.contains(&tl.as_str()) || reg.transport_names().contains(tl)
+        });
     let wanted = |tl: &str| only.as_deref().is_none_or(|o| o == tl);
-    let reg: &'static Registry = Registry::global();
     let tally: Tallies = Arc::default();
 
     // One device per transport is enough for conformance.
@@ -92,26 +217,57 @@ fn main() {
         }
     );
 
+    let expect = expected(reg, only.as_deref());
     let mut trials = Vec::new();
-    let mut skipped = Vec::new();
+    if !expect.unknown.is_empty() {
+        let why = format!(
+            "UCT_TEST_EXPECT names {}, which no transport here has and which is no known memory domain ({})",
+            expect.unknown.join(", "),
+            OTHER_COVERAGE.join(", ")
+        );
+        println!("conformance: {why}");
+        trials.push(failing(
+            "expect::UCT_TEST_EXPECT".into(),
+            &tally,
+            "UCT_TEST_EXPECT".into(),
+            why,
+            false,
+        ));
+    }
     let mut looked_for: Vec<String> = EXPECTED_TRANSPORTS.iter().map(|t| t.to_string()).collect();
-    for t in reg.transport_names() {
+    for t in reg
+        .transport_names()
+        .into_iter()
+        .chain(expect.transports.clone())
+    {
         if !looked_for.contains(&t) {
             looked_for.push(t);
         }
     }
     for tl in &looked_for {
         let tl = tl.as_str();
-        if !wanted(tl) {
+        if !wanted(tl) || resources.iter().any(|r| r.tl.transport == *tl) {
             continue;
         }
-        if !resources.iter().any(|r| r.tl.transport == *tl) {
-            println!(
-                "conformance: SKIPPED transport {tl}: {}",
-                reg.explain_absent(tl)
-            );
-            skipped.push(tl.to_string());
-            trials.push(Trial::test(format!("{tl}::all_cases"), || Ok(())).with_ignored_flag(true));
+        let reason = reg.explain_absent(tl);
+        if expect.transports.iter().any(|e| e == tl) {
+            println!("conformance: MISSING transport {tl}, which this run expects: {reason}");
+            trials.push(failing(
+                format!("{tl}::present"),
+                &tally,
+                tl.to_string(),
+                format!("transport {tl} is expected and missing: {reason}"),
+                true,
+            ));
+        } else {
+            println!("conformance: SKIPPED transport {tl}: {reason}");
+            trials.push(not_run(
+                format!("{tl}::all_cases"),
+                &tally,
+                tl.to_string(),
+                format!("transport {tl} is absent and not expected: {reason}"),
+                true,
+            ));
         }
     }
 
@@ -130,10 +286,13 @@ fn main() {
                     println!(
                         "conformance: transport {tl} is listed but its iface does not open: {e}"
                     );
-                    record(&tally, &tl, |t| t.failed += 1);
-                    trials.push(Trial::test(format!("{tl}::open_iface"), move || {
-                        Err(Failed::from(format!("open iface: {e}")))
-                    }));
+                    trials.push(failing(
+                        format!("{tl}::open_iface"),
+                        &tally,
+                        tl.clone(),
+                        format!("open iface: {e}"),
+                        false,
+                    ));
                     continue;
                 }
             };
@@ -151,16 +310,18 @@ fn main() {
                 let name = format!("{tl}::{}::{}", mode.name(), case.name);
                 if let Some(why) = not_applicable(&case, caps, soft, mode) {
                     println!("conformance: {name} not applicable: {why}");
-                    record(&tally, &key, |t| t.not_applicable += 1);
-                    trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
+                    trials.push(not_run(name, &tally, key.clone(), why, false));
                     continue;
                 }
                 let resource = resource.clone();
                 let tally = tally.clone();
                 let key = key.clone();
                 trials.push(Trial::test(name, move || {
-                    let res =
-                        Pair::new(reg, &resource, mode).and_then(|mut pair| (case.run)(&mut pair));
+                    // A panicking case is a failed case, in the tally too.
+                    let res = catch_unwind(AssertUnwindSafe(|| {
+                        Pair::new(reg, &resource, mode).and_then(|mut pair| (case.run)(&mut pair))
+                    }))
+                    .unwrap_or_else(|p| Err(format!("panicked: {}", panic_text(&*p))));
                     record(&tally, &key, |t| {
                         if res.is_ok() {
                             t.passed += 1
@@ -175,17 +336,53 @@ fn main() {
     }
 
     let conclusion = libtest_mimic::run(&args, trials);
+    let (mut passed, mut failed, mut ignored) = (0, 0, 0);
     for (key, t) in tally.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        passed += t.passed;
+        failed += t.failed;
+        ignored += t.not_applicable + t.skipped;
+        if t.missing > 0 {
+            println!(
+                "conformance: transport {key}: MISSING, expected ({})",
+                reg.explain_absent(key)
+            );
+        } else if t.skipped > 0 {
+            println!(
+                "conformance: transport {key}: skipped, absent and not expected ({})",
+                reg.explain_absent(key)
+            );
+        } else if key == "UCT_TEST_EXPECT" {
+            println!("conformance: UCT_TEST_EXPECT: failed (names unknown transports)");
+        } else {
+            println!(
+                "conformance: transport {key}: {} passed, {} failed, {} not applicable",
+                t.passed, t.failed, t.not_applicable
+            );
+        }
+    }
+    if let Some((value, left)) = &expect.left_out {
         println!(
-            "conformance: transport {key}: {} passed, {} failed, {} not applicable",
-            t.passed, t.failed, t.not_applicable
+            "conformance: UCT_TEST_EXPECT={value} narrows the expected transports; left out: {}",
+            if left.is_empty() {
+                "none".to_string()
+            } else {
+                left.join(", ")
+            }
         );
     }
-    for tl in &skipped {
+    println!("conformance: {passed} passed, {failed} failed, {ignored} not applicable or skipped");
+    // The tally must be exactly what the harness ran.
+    let ran = (
+        conclusion.num_passed as usize,
+        conclusion.num_failed as usize,
+        conclusion.num_ignored as usize,
+    );
+    if ran != (passed, failed, ignored) {
         println!(
-            "conformance: transport {tl}: skipped ({})",
-            reg.explain_absent(tl)
+            "conformance: FAILED: the tally ({passed} passed, {failed} failed, {ignored} ignored) is not what ran ({} passed, {} failed, {} ignored)",
+            ran.0, ran.1, ran.2
         );
+        std::process::exit(101);
     }
     conclusion.exit();
 }
