@@ -7,5 +7,5 @@ pub mod modules;
 pub mod pair;
 pub mod target;
 
-pub use cases::{all as all_cases, not_applicable, Case};
-pub use pair::{Pair, TestResult};
+pub use cases::{all as all_cases, not_applicable, Case, IfaceInfo};
+pub use pair::{Outcome, Pair, TestResult};

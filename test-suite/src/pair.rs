@@ -55,6 +55,18 @@ macro_rules! ensure {
     };
 }
 
+/// How an operation ended, as the transport reported it: the harness never
+/// turns its own wait into an error of the transport's.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Done at once, or its completion fired without an error.
+    Done,
+    /// Refused when posted, or its completion fired with an error.
+    Failed(UctError),
+    /// Neither, after [`WAIT`].
+    Pending,
+}
+
 /// Initiator, endpoint and target.
 pub struct Pair {
     pub reg: &'static Registry,
@@ -218,6 +230,45 @@ impl Pair {
             }
         }
         comp.result()
+    }
+
+    /// Posts with `op` (progressing and retrying while NoResource) and waits
+    /// up to [`WAIT`] for `comp`: how the transport said it ended.
+    pub fn post_outcome(
+        &mut self,
+        comp: &Completion,
+        mut op: impl FnMut(&mut dyn Endpoint, &Completion) -> Result<Status, UctError>,
+    ) -> Outcome {
+        let t0 = Instant::now();
+        loop {
+            match op(self.ep.as_mut(), comp) {
+                Err(e) => return Outcome::Failed(e),
+                Ok(Status::Done) => return Outcome::Done,
+                Ok(Status::InProgress) => break,
+                Ok(Status::NoResource) => {
+                    self.progress();
+                    if t0.elapsed() > WAIT {
+                        return Outcome::Pending;
+                    }
+                }
+            }
+        }
+        while !comp.is_complete() {
+            self.progress();
+            if t0.elapsed() > WAIT {
+                return Outcome::Pending;
+            }
+        }
+        match comp.result() {
+            Ok(()) => Outcome::Done,
+            Err(e) => Outcome::Failed(e),
+        }
+    }
+
+    /// Flushes the endpoint: how the transport said the flush ended.
+    pub fn flush_outcome(&mut self) -> Outcome {
+        let comp = Completion::new();
+        self.post_outcome(&comp, |ep, c| ep.flush(Some(c)))
     }
 
     /// Flushes the endpoint and waits.

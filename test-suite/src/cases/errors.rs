@@ -5,12 +5,13 @@
 
 use uct_core::region_table::SoftRkey;
 use uct_core::{
-    Access, AtomicValue, Caps, Completion, Iov, MemoryType, RkeyBundle, RkeyEntry, UctError,
+    Access, AtomicValue, Caps, Completion, IfaceAttrs, Iov, MemoryType, RkeyBundle, RkeyEntry,
+    UctError,
 };
 
-use super::{case, Case};
+use super::{case, check_applies, Case};
 use crate::ensure;
-use crate::pair::{fake_device_memory, pattern, Context, Pair, TestResult, WAIT};
+use crate::pair::{fake_device_memory, pattern, Context, Outcome, Pair, TestResult, WAIT};
 
 pub fn cases() -> Vec<Case> {
     let mut cases = vec![
@@ -23,7 +24,10 @@ pub fn cases() -> Vec<Case> {
             read_only_region,
         ),
         case("deregistered_region", Caps::PUT_BCOPY, deregistered_region),
-        case("wrong_memory_type", Caps::PUT_ZCOPY, wrong_memory_type),
+        Case {
+            applies: Some(wrong_memory_type_applies),
+            ..case("wrong_memory_type", Caps::PUT_ZCOPY, wrong_memory_type)
+        },
         case("misaligned_atomic", Caps::ATOMIC64, misaligned_atomic),
         case("oversized_short", Caps::PUT_SHORT, oversized_short),
         case("peer_closed", Caps::AM_BCOPY, peer_closed),
@@ -213,30 +217,43 @@ fn deregistered_region(pair: &mut Pair) -> TestResult {
     Ok(())
 }
 
-fn wrong_memory_type(pair: &mut Pair) -> TestResult {
-    if pair.attrs().mem_types.contains(&MemoryType::Gaudi) {
-        return Ok(());
+/// Device memory types: a host-only transport must refuse each.
+const DEVICE_TYPES: [MemoryType; 3] = [MemoryType::Gaudi, MemoryType::Cuda, MemoryType::DmaBuf];
+
+/// A device memory type the transport says it cannot touch.
+fn refused_type(attrs: &IfaceAttrs) -> Option<MemoryType> {
+    DEVICE_TYPES
+        .into_iter()
+        .find(|mem_type| !attrs.mem_types.contains(mem_type))
+}
+
+fn wrong_memory_type_applies(attrs: &IfaceAttrs) -> Option<String> {
+    match refused_type(attrs) {
+        Some(_) => None,
+        None => Some(format!(
+            "the transport touches every device memory type ({}): nothing to refuse",
+            DEVICE_TYPES.map(MemoryType::name).join(", ")
+        )),
     }
+}
+
+fn wrong_memory_type(pair: &mut Pair) -> TestResult {
+    check_applies(wrong_memory_type_applies, pair)?;
+    let mem_type = refused_type(pair.tx.attrs()).ok_or("no memory type to refuse")?;
     let remote = pair.remote(4096, Access::all_rights())?;
     let rkey = pair.rkey(&remote)?;
-    let dev = fake_device_memory(MemoryType::Gaudi);
+    let dev = fake_device_memory(mem_type);
     let addr = remote.addr;
-    let e = pair.expect_failure("put from gaudi memory", |ep, comp| {
+    let e = pair.expect_failure(&format!("put from {mem_type} memory"), |ep, comp| {
         ep.put_zcopy(&[Iov::new(&dev, 0, 64)], addr, &rkey, Some(comp))
     })?;
     ensure!(
-        matches!(
-            e,
-            UctError::MemoryTypeUnsupported {
-                mem_type: MemoryType::Gaudi,
-                ..
-            }
-        ),
-        "gaudi memory on a host-only transport gave: {e}"
+        matches!(e, UctError::MemoryTypeUnsupported { mem_type: refused, .. } if refused == mem_type),
+        "{mem_type} memory on a transport that does not list it gave: {e}"
     );
     ensure!(
-        e.to_string().contains("gaudi"),
-        "the error does not name the memory type: {e}"
+        e.to_string().contains(mem_type.name()),
+        "the error does not name the memory type {mem_type}: {e}"
     );
     Ok(())
 }
@@ -272,57 +289,140 @@ fn oversized_short(pair: &mut Pair) -> TestResult {
     Ok(())
 }
 
-/// Closing the target iface makes operations fail with an error, without
-/// hangs.
-fn peer_closed(pair: &mut Pair) -> TestResult {
-    pair.target.close()?;
-    let comp = Completion::new();
-    let outcome = pair.post_wait("am to closed peer", &comp, |ep, _| {
-        ep.am_bcopy(1, &[0u8; 8])
-    });
-    let outcome = outcome.and_then(|_| pair.flush());
+/// The error kinds a transport reports for a peer that closed or died:
+/// EndpointFailed (posix, self, tcp, rc), Canceled (tcp: operations
+/// pending on a connection that closed), Io (a socket error), Timeout (the
+/// transport's own peer timeout, UCT_*_PEER_TIMEOUT).
+fn is_peer_error(e: &UctError) -> bool {
+    matches!(
+        e,
+        UctError::EndpointFailed(_)
+            | UctError::Canceled(_)
+            | UctError::Io { .. }
+            | UctError::Timeout(_)
+    )
+}
+
+/// Checks that `e` is a peer error, and that it is the transport's and not
+/// the harness's own timeout.
+fn peer_error(what: &str, e: &UctError) -> TestResult {
     ensure!(
-        outcome.is_err(),
-        "operations on an endpoint whose peer closed still succeed"
+        is_peer_error(e),
+        "{what} failed with {e:?}, not a peer error"
     );
     Ok(())
 }
 
+/// Closing the target iface makes operations fail with a peer error (the
+/// transport's, not the harness's timeout), without hangs.
+fn peer_closed(pair: &mut Pair) -> TestResult {
+    pair.target.close()?;
+    let comp = Completion::new();
+    let am = pair.post_outcome(&comp, |ep, _| ep.am_bcopy(1, &[0u8; 8]));
+    let flush = pair.flush_outcome();
+    match (am, flush) {
+        (_, Outcome::Pending) => Err(format!(
+            "a flush to a closed peer neither failed nor completed in {WAIT:?}"
+        )),
+        (Outcome::Pending, _) => Err(format!(
+            "an AM to a closed peer neither failed nor completed in {WAIT:?}"
+        )),
+        (Outcome::Failed(e), _) => peer_error("an AM to a closed peer", &e),
+        (Outcome::Done, Outcome::Failed(e)) => peer_error("a flush to a closed peer", &e),
+        (Outcome::Done, Outcome::Done) => {
+            Err("an AM and a flush to a closed peer both succeeded".into())
+        }
+    }
+}
+
 /// The target process is killed in the middle of a stream of puts: the
-/// pending operations and the flush after them fail with an error, in
-/// bounded time.
+/// flush after them fails with a peer error, every put completes in
+/// bounded time with success or a peer error, no put still pending when
+/// the endpoint reported the peer dead succeeds later, and the peer stays
+/// dead for what is posted after that.
 fn peer_killed(pair: &mut Pair) -> TestResult {
     let piece = 64 << 10;
     let local = pair.alloc(piece, Access::all_rights())?;
     let remote = pair.remote(16 * piece, Access::all_rights())?;
     let rkey = pair.rkey(&remote)?;
-    let comp = Completion::new();
     let t0 = std::time::Instant::now();
-    let mut failed_at_post = None;
-    for i in 0..64usize {
+    let addr = |i: usize| remote.addr + ((i % 16) * piece) as u64;
+    // A healthy stream first: these puts were acknowledged by the flush.
+    let healthy = Completion::new();
+    for i in 0..16usize {
+        let iov = [Iov::new(&local, 0, piece)];
+        crate::cases::ordering::put_retrying(pair, &iov, addr(i), &rkey, &healthy)?;
+    }
+    pair.flush().ctx("flush to the live peer")?;
+    // Then puts in flight when it dies, and puts after.
+    let mut comps = Vec::new();
+    for i in 0..48usize {
         if i == 16 {
             ensure!(pair.target.kill()?, "the target has no process to kill");
         }
+        let comp = Completion::new();
         let iov = [Iov::new(&local, 0, piece)];
-        let addr = remote.addr + ((i % 16) * piece) as u64;
-        match pair.ep.put_zcopy(&iov, addr, &rkey, Some(&comp)) {
-            Ok(_) => {}
-            Err(e) => {
-                failed_at_post = Some(e);
-                break;
-            }
+        match pair.ep.put_zcopy(&iov, addr(i), &rkey, Some(&comp)) {
+            Ok(_) => comps.push((i, comp)),
+            Err(e) if i >= 16 => peer_error(&format!("put {i}, posted after the kill"), &e)?,
+            Err(e) => return Err(format!("put {i} to the live peer failed: {e}")),
         }
         pair.progress();
     }
-    let flushed = pair.flush();
-    ensure!(
-        failed_at_post.is_some() || flushed.is_err(),
-        "puts and flush to a killed peer all succeeded"
-    );
-    let fired = comp.clone();
+    match pair.flush_outcome() {
+        Outcome::Failed(e) => peer_error("the flush after the kill", &e)?,
+        Outcome::Done => return Err("a flush to a killed peer succeeded".into()),
+        Outcome::Pending => {
+            return Err(format!(
+                "a flush to a killed peer neither failed nor completed in {WAIT:?}"
+            ))
+        }
+    }
+    // The endpoint has said the peer is dead: what was still pending then
+    // must not succeed.
+    let pending: Vec<usize> = comps
+        .iter()
+        .filter(|(_, comp)| !comp.is_complete())
+        .map(|(i, _)| *i)
+        .collect();
+    let all: Vec<Completion> = comps.iter().map(|(_, comp)| comp.clone()).collect();
     pair.wait_for("pending puts after the peer died", |_| {
-        Ok(fired.is_complete())
+        Ok(all.iter().all(Completion::is_complete))
     })?;
-    ensure!(t0.elapsed() < WAIT, "failure took {:?}", t0.elapsed());
+    for (i, comp) in &comps {
+        match comp.result() {
+            Ok(()) if pending.contains(i) => {
+                return Err(format!(
+                    "put {i} was pending when the flush reported the peer dead, then succeeded"
+                ))
+            }
+            Ok(()) => {}
+            Err(e) => peer_error(&format!("put {i}"), &e)?,
+        }
+    }
+    // Once dead, the peer stays dead: a put posted now fails or, where a
+    // put is a local copy (posix writes into the still-mapped segment), the
+    // flush after it fails.
+    let comp = Completion::new();
+    let iov = [Iov::new(&local, 0, piece)];
+    match pair.post_outcome(&comp, |ep, comp| {
+        ep.put_zcopy(&iov, addr(0), &rkey, Some(comp))
+    }) {
+        Outcome::Failed(e) => peer_error("a put after the failed flush", &e)?,
+        Outcome::Done => match pair.flush_outcome() {
+            Outcome::Failed(e) => peer_error("a second flush to the dead peer", &e)?,
+            other => {
+                return Err(format!(
+                    "a put and a flush to a peer already reported dead ended {other:?}"
+                ))
+            }
+        },
+        Outcome::Pending => {
+            return Err(format!(
+                "a put to a dead peer neither failed nor completed in {WAIT:?}"
+            ))
+        }
+    }
+    ensure!(t0.elapsed() < 2 * WAIT, "failure took {:?}", t0.elapsed());
     Ok(())
 }

@@ -8,7 +8,7 @@ mod errors;
 mod ordering;
 mod rma;
 
-use uct_core::Caps;
+use uct_core::{Caps, IfaceAttrs};
 
 use crate::pair::{Mode, Pair, TestResult};
 
@@ -22,6 +22,9 @@ pub struct Case {
     pub soft_rkey: bool,
     /// Needs a target in another process (it kills it).
     pub two_process_only: bool,
+    /// Applies only where the iface's attributes allow it (beyond its
+    /// capabilities): returns why not, where it does not.
+    pub applies: Option<fn(&IfaceAttrs) -> Option<String>>,
     pub run: fn(&mut Pair) -> TestResult,
 }
 
@@ -31,7 +34,43 @@ const fn case(name: &'static str, needs: Caps, run: fn(&mut Pair) -> TestResult)
         needs,
         soft_rkey: false,
         two_process_only: false,
+        applies: None,
         run,
+    }
+}
+
+/// What the harness knows of an iface when it asks whether a case applies:
+/// its capabilities only, or all its attributes.
+#[derive(Clone, Copy)]
+pub enum IfaceInfo<'a> {
+    Caps(Caps),
+    Attrs(&'a IfaceAttrs),
+}
+
+impl From<Caps> for IfaceInfo<'_> {
+    fn from(caps: Caps) -> Self {
+        IfaceInfo::Caps(caps)
+    }
+}
+
+impl<'a> From<&'a IfaceAttrs> for IfaceInfo<'a> {
+    fn from(attrs: &'a IfaceAttrs) -> Self {
+        IfaceInfo::Attrs(attrs)
+    }
+}
+
+/// Fails a case that runs where it does not apply: a harness that passes
+/// only the capabilities to [`not_applicable`] cannot see every reason, and
+/// a case that cannot check anything must not pass.
+pub(crate) fn check_applies(
+    case_applies: fn(&IfaceAttrs) -> Option<String>,
+    pair: &Pair,
+) -> TestResult {
+    match case_applies(pair.tx.attrs()) {
+        None => Ok(()),
+        Some(why) => Err(format!(
+            "not applicable ({why}), yet run: pass the iface attributes to not_applicable"
+        )),
     }
 }
 
@@ -46,8 +85,21 @@ pub fn all() -> Vec<Case> {
     cases
 }
 
-/// Why `case` does not apply, if it does not.
-pub fn not_applicable(case: &Case, caps: Caps, soft_rkey: bool, mode: Mode) -> Option<String> {
+/// Why `case` does not apply, if it does not. Given the iface's attributes
+/// (not only its capabilities), it also asks the case's own
+/// [`Case::applies`]; a case that runs where that says no fails, never
+/// passes.
+pub fn not_applicable<'a>(
+    case: &Case,
+    iface: impl Into<IfaceInfo<'a>>,
+    soft_rkey: bool,
+    mode: Mode,
+) -> Option<String> {
+    let iface = iface.into();
+    let caps = match iface {
+        IfaceInfo::Caps(caps) => caps,
+        IfaceInfo::Attrs(attrs) => attrs.caps,
+    };
     let missing = case.needs - caps;
     if !missing.is_empty() {
         let names: Vec<&str> = missing.iter_names().map(|(n, _)| n).collect();
@@ -59,5 +111,8 @@ pub fn not_applicable(case: &Case, caps: Caps, soft_rkey: bool, mode: Mode) -> O
     if case.two_process_only && mode != Mode::TwoProcesses {
         return Some("kills the target process; runs in the two-process mode".into());
     }
-    None
+    match (iface, case.applies) {
+        (IfaceInfo::Attrs(attrs), Some(applies)) => applies(attrs),
+        _ => None,
+    }
 }

@@ -21,32 +21,80 @@ pub fn cases() -> Vec<Case> {
 }
 
 /// Sizes to try up to `max`: 1, 8, a few in between and `max` itself.
-fn sizes(max: usize, cap: usize) -> Vec<usize> {
+/// A capability advertised with a largest size of 0 is a transport bug,
+/// not a loop with nothing to do: it fails.
+fn sizes(what: &str, max: usize, cap: usize) -> Result<Vec<usize>, String> {
     let max = max.min(cap);
     let mut list = vec![1, 8, 61, 4096, max / 2 + 3, max];
     list.retain(|&size| size >= 1 && size <= max);
     list.sort_unstable();
     list.dedup();
-    list
+    ensure!(
+        !list.is_empty(),
+        "{what} is advertised, but with a largest size of 0: nothing could be tried"
+    );
+    Ok(list)
 }
 
-/// Remote offset that is not aligned, to catch alignment assumptions.
+/// Remote offset that is not aligned, to catch alignment assumptions. The
+/// bytes before it are guard bytes.
 const OFF: usize = 24 + 3;
+/// Guard bytes after every remote range a put writes.
+const GUARD: usize = 32;
+/// What guard bytes hold: a put that strays into them changes them.
+const GUARD_BYTE: u8 = 0xa5;
 /// Largest zero-copy size tried.
 const ZCOPY_CAP: usize = 4 << 20;
 
+/// Fills the bytes around `[at, at + len)` of `remote` (up to [`GUARD`]
+/// each side, within the region) with [`GUARD_BYTE`].
+pub(crate) fn set_guards(pair: &mut Pair, remote: &RemoteMem, at: usize, len: usize) -> TestResult {
+    let before = at.min(GUARD);
+    pair.remote_write(remote, at - before, &vec![GUARD_BYTE; before])?;
+    let after = remote.len.saturating_sub(at + len).min(GUARD);
+    pair.remote_write(remote, at + len, &vec![GUARD_BYTE; after])
+}
+
+/// Checks that the target holds `want` at `at`, and that the guard bytes
+/// [`set_guards`] wrote around it are untouched.
 pub(crate) fn check_remote(
     pair: &mut Pair,
     remote: &RemoteMem,
     at: usize,
     want: &[u8],
 ) -> TestResult {
-    let got = pair.remote_read(remote, at, want.len())?;
+    let before = at.min(GUARD);
+    let after = remote.len.saturating_sub(at + want.len()).min(GUARD);
+    ensure!(
+        before > 0 && after > 0,
+        "the test leaves no guard bytes around [{at}, {}) of a {}-byte region",
+        at + want.len(),
+        remote.len
+    );
+    let seen = pair.remote_read(remote, at - before, before + want.len() + after)?;
+    let got = &seen[before..before + want.len()];
     if got != want {
         let first = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
         return Err(format!(
             "{} bytes at the target differ from what was sent (first difference at byte {first})",
             want.len()
+        ));
+    }
+    if let Some(i) = seen[..before].iter().rposition(|&b| b != GUARD_BYTE) {
+        return Err(format!(
+            "a put of {} bytes changed the target {} bytes before its range",
+            want.len(),
+            before - i
+        ));
+    }
+    if let Some(i) = seen[before + want.len()..]
+        .iter()
+        .position(|&b| b != GUARD_BYTE)
+    {
+        return Err(format!(
+            "a put of {} bytes changed the target {} bytes after its range",
+            want.len(),
+            i + 1
         ));
     }
     Ok(())
@@ -57,10 +105,12 @@ type BufferedPut =
 
 /// Put short and put bcopy: the same checks at every size up to `max`.
 fn put_buffered(pair: &mut Pair, what: &str, max: usize, seed: u64, op: BufferedPut) -> TestResult {
-    let remote = pair.remote(max + OFF, Access::all_rights())?;
+    let sizes = sizes(what, max, 1 << 20)?;
+    let remote = pair.remote(max + OFF + GUARD, Access::all_rights())?;
     let rkey = pair.rkey(&remote)?;
-    for (i, len) in sizes(max, 1 << 20).into_iter().enumerate() {
+    for (i, len) in sizes.into_iter().enumerate() {
         let data = pattern(len, seed + i as u64);
+        set_guards(pair, &remote, OFF, len)?;
         let addr = remote.addr + OFF as u64;
         let comp = Completion::new();
         pair.post_wait(what, &comp, |ep, _| op(ep, &data, addr, &rkey))
@@ -87,12 +137,14 @@ fn put_bcopy(pair: &mut Pair) -> TestResult {
 
 fn put_zcopy(pair: &mut Pair) -> TestResult {
     let max = pair.attrs().put.max_zcopy.min(ZCOPY_CAP);
+    let sizes = sizes("put_zcopy", max, ZCOPY_CAP)?;
     let local = pair.alloc(max, Access::all_rights())?;
-    let remote = pair.remote(max + OFF, Access::all_rights())?;
+    let remote = pair.remote(max + OFF + GUARD, Access::all_rights())?;
     let rkey = pair.rkey(&remote)?;
-    for (i, len) in sizes(max, ZCOPY_CAP).into_iter().enumerate() {
+    for (i, len) in sizes.into_iter().enumerate() {
         let data = pattern(len, 200 + i as u64);
         local.write(0, &data).ctx("fill local")?;
+        set_guards(pair, &remote, OFF, len)?;
         let addr = remote.addr + OFF as u64;
         let comp = Completion::new();
         pair.post_wait("put_zcopy", &comp, |ep, comp| {
@@ -118,7 +170,8 @@ fn put_zcopy_iov(pair: &mut Pair) -> TestResult {
         local.write(7, &piece_data).ctx("fill local")?;
         want.extend_from_slice(&piece_data);
     }
-    let remote = pair.remote(want.len() + OFF, Access::all_rights())?;
+    let remote = pair.remote(want.len() + OFF + GUARD, Access::all_rights())?;
+    set_guards(pair, &remote, OFF, want.len())?;
     let rkey = pair.rkey(&remote)?;
     let iov: Vec<Iov> = locals
         .iter()
@@ -136,9 +189,10 @@ fn put_zcopy_iov(pair: &mut Pair) -> TestResult {
 
 fn get_short(pair: &mut Pair) -> TestResult {
     let max = pair.attrs().get.max_short;
+    let sizes = sizes("get_short", max, usize::MAX)?;
     let remote = pair.remote(max + OFF, Access::all_rights())?;
     let rkey = pair.rkey(&remote)?;
-    for (i, len) in sizes(max, usize::MAX).into_iter().enumerate() {
+    for (i, len) in sizes.into_iter().enumerate() {
         let data = pattern(len, 400 + i as u64);
         pair.remote_write(&remote, OFF, &data)?;
         let mut buf = vec![0u8; len];
@@ -155,9 +209,10 @@ fn get_short(pair: &mut Pair) -> TestResult {
 
 fn get_bcopy(pair: &mut Pair) -> TestResult {
     let max = pair.attrs().get.max_bcopy;
+    let sizes = sizes("get_bcopy", max, 1 << 20)?;
     let remote = pair.remote(max + OFF, Access::all_rights())?;
     let rkey = pair.rkey(&remote)?;
-    for (i, len) in sizes(max, 1 << 20).into_iter().enumerate() {
+    for (i, len) in sizes.into_iter().enumerate() {
         let data = pattern(len, 500 + i as u64);
         pair.remote_write(&remote, OFF, &data)?;
         let addr = remote.addr + OFF as u64;
@@ -178,10 +233,11 @@ fn get_bcopy(pair: &mut Pair) -> TestResult {
 
 fn get_zcopy(pair: &mut Pair) -> TestResult {
     let max = pair.attrs().get.max_zcopy.min(ZCOPY_CAP);
+    let sizes = sizes("get_zcopy", max, ZCOPY_CAP)?;
     let local = pair.alloc(max, Access::all_rights())?;
     let remote = pair.remote(max + OFF, Access::all_rights())?;
     let rkey = pair.rkey(&remote)?;
-    for (i, len) in sizes(max, ZCOPY_CAP).into_iter().enumerate() {
+    for (i, len) in sizes.into_iter().enumerate() {
         let data = pattern(len, 600 + i as u64);
         pair.remote_write(&remote, OFF, &data)?;
         let addr = remote.addr + OFF as u64;
