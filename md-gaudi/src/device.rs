@@ -25,6 +25,11 @@ struct Book {
     /// device VA -> (handle, size).
     maps: BTreeMap<u64, (u64, u64)>,
     in_use: u64,
+    /// Allocations given up by their owner whose mapping the driver would
+    /// not remove yet, because a DMA-buf exported from it is still open:
+    /// (VA, handle), unmapped and freed by [`Device::reclaim`] once the
+    /// DMA-buf is released.
+    deferred: Vec<(u64, u64)>,
 }
 
 /// An open device. Closing it (on drop) makes the driver free whatever is
@@ -225,7 +230,10 @@ impl Device {
         Ok(va)
     }
 
-    /// `hlthunk_memory_unmap` of a VA [`map`](Self::map) returned.
+    /// `hlthunk_memory_unmap` of a VA [`map`](Self::map) returned. The
+    /// driver refuses while a DMA-buf exported from the mapping is open
+    /// (`StillExported`): nothing here can know whether one is, since any
+    /// copy of its fd, or a NIC registration, holds it.
     pub fn unmap(&self, va: u64) -> Result<()> {
         if !self.book().maps.contains_key(&va) {
             return Err(GaudiError::NotMapped {
@@ -233,11 +241,61 @@ impl Device {
                 addr: va,
             });
         }
-        self.lib
-            .unmap(self.fd, va)
-            .map_err(|e| self.driver("hlthunk_memory_unmap", e))?;
+        self.lib.unmap(self.fd, va).map_err(|e| {
+            // The VA is mapped (the book says so), so the driver's only
+            // EINVAL left is an open export (unmap_device_va).
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                GaudiError::StillExported {
+                    device: self.name.clone(),
+                    addr: va,
+                }
+            } else {
+                self.driver("hlthunk_memory_unmap", e)
+            }
+        })?;
         self.book().maps.remove(&va);
         Ok(())
+    }
+
+    /// Unmaps and frees an allocation its owner has given up. While a
+    /// DMA-buf of it is open (an fd the owner handed out, a NIC
+    /// registration) the driver keeps the mapping, and so the memory: the
+    /// allocation is deferred and freed by a later [`reclaim`](Self::reclaim)
+    /// after the DMA-buf's release, never before. Returns whether it was
+    /// freed now.
+    pub fn unmap_and_free(&self, va: u64, handle: u64) -> Result<bool> {
+        match self.unmap(va) {
+            Ok(()) => {}
+            Err(GaudiError::StillExported { .. }) => {
+                let mut book = self.book();
+                if !book.deferred.contains(&(va, handle)) {
+                    book.deferred.push((va, handle));
+                }
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        }
+        self.free(handle)?;
+        Ok(true)
+    }
+
+    /// Frees the deferred allocations whose DMA-bufs have been released;
+    /// returns how many are still held by one.
+    pub fn reclaim(&self) -> usize {
+        let deferred = std::mem::take(&mut self.book().deferred);
+        for (va, handle) in deferred {
+            let outcome = self.unmap_and_free(va, handle);
+            if let Err(e) = outcome {
+                log::warn!("{}: freeing {va:#x} (handle {handle:#x}): {e}", self.name);
+            }
+        }
+        self.book().deferred.len()
+    }
+
+    /// Allocations given up by their owners and still held by an open
+    /// DMA-buf (see [`unmap_and_free`](Self::unmap_and_free)).
+    pub fn deferred(&self) -> usize {
+        self.book().deferred.len()
     }
 
     /// Exports `[va + offset, +size)` of a mapping as a DMA-buf the caller
@@ -251,7 +309,7 @@ impl Device {
                 expected: EXPORT_FLAGS,
             });
         }
-        for (what, value) in [("address", va), ("size", size), ("offset", offset)] {
+        for (what, value) in [("address", va), ("offset", offset)] {
             if !value.is_multiple_of(PAGE) {
                 return Err(GaudiError::ExportMisaligned {
                     device: dev(),
@@ -261,6 +319,13 @@ impl Device {
                 });
             }
         }
+        if size < PAGE {
+            return Err(GaudiError::ExportTooSmall {
+                device: dev(),
+                size,
+                page: PAGE,
+            });
+        }
         let Some(&(_, mapping_len)) = self.book().maps.get(&va) else {
             return Err(GaudiError::NotMapped {
                 device: dev(),
@@ -269,7 +334,7 @@ impl Device {
         };
         // The mapping covers the allocation rounded up to whole pages.
         let mapping_len = mapping_len.next_multiple_of(PAGE);
-        if size == 0 || offset.checked_add(size).is_none_or(|end| end > mapping_len) {
+        if offset.checked_add(size).is_none_or(|end| end > mapping_len) {
             return Err(GaudiError::ExportOutOfBounds {
                 device: dev(),
                 offset,
@@ -285,6 +350,15 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        // What is still exported is freed by the driver when its DMA-bufs
+        // are released: an export holds the device until then.
+        let held = self.reclaim();
+        if held > 0 {
+            log::info!(
+                "{}: closing with {held} allocations still held by open DMA-bufs; the driver frees them when those are released",
+                self.name
+            );
+        }
         if let Err(e) = self.lib.close(self.fd) {
             log::warn!("{}: hlthunk_close failed: {e}", self.name);
         }

@@ -69,6 +69,16 @@ pub enum GaudiError {
     #[error("{device}: {addr:#x} is not a mapped device address (the start of a mapping); export from the VA that hlthunk_device_memory_map returned, not a handle")]
     NotMapped { device: String, addr: u64 },
 
+    #[error("{device}: DMA-buf export of {size} bytes is smaller than a page ({page}); export at least a page")]
+    ExportTooSmall {
+        device: String,
+        size: u64,
+        page: u64,
+    },
+
+    #[error("{device}: {addr:#x} cannot be unmapped while a DMA-buf exported from it is open (the driver refuses with EINVAL); close every fd of the DMA-buf and deregister every NIC registration of it first")]
+    StillExported { device: String, addr: u64 },
+
     #[error("{device}: handle {handle:#x} is not a live allocation")]
     NoSuchHandle { device: String, handle: u64 },
 
@@ -94,6 +104,8 @@ impl From<GaudiError> for UctError {
             | GaudiError::ExportFlags { .. }
             | GaudiError::ExportMisaligned { .. }
             | GaudiError::ExportOutOfBounds { .. }
+            | GaudiError::ExportTooSmall { .. }
+            | GaudiError::StillExported { .. }
             | GaudiError::NotMapped { .. }
             | GaudiError::NoSuchHandle { .. }
             | GaudiError::StillMapped { .. }

@@ -83,16 +83,17 @@ impl MemBacking for GaudiAlloc {
 impl Drop for GaudiAlloc {
     fn drop(&mut self) {
         table(&self.live).remove(&self.va);
-        // The DMA-buf goes first: the driver keeps the pages while an
-        // export is open. Any NIC registration holds this region, so it is
-        // gone by now.
+        // Our DMA-buf fd goes first. The driver refuses to unmap (and so to
+        // free) while any DMA-buf of the mapping is open: a NIC
+        // registration made through `register_handle` holds this region,
+        // and is gone by now, but an fd handed out by `query` may outlive
+        // it. Then the allocation is deferred, and freed by a later
+        // `reclaim` once that fd is closed.
         drop(self.dmabuf.take());
-        if let Err(e) = self.dev.unmap(self.va) {
+        if let Err(e) = self.dev.unmap_and_free(self.va, self.handle) {
             log::warn!("{}: freeing {:#x}: {e}", self.dev.name, self.va);
         }
-        if let Err(e) = self.dev.free(self.handle) {
-            log::warn!("{}: freeing handle {:#x}: {e}", self.dev.name, self.handle);
-        }
+        self.dev.reclaim();
     }
 }
 
@@ -120,11 +121,27 @@ impl GaudiMd {
         table(&self.live).len()
     }
 
+    /// Allocations whose handles are gone but which an open DMA-buf (an fd
+    /// from `query`, a NIC registration) still holds; freed by
+    /// [`reclaim`](Self::reclaim) after its release.
+    pub fn deferred_frees(&self) -> usize {
+        self.dev.deferred()
+    }
+
+    /// Frees the deferred allocations whose DMA-bufs have been released
+    /// (every alloc and free does this too); returns how many are still
+    /// held.
+    pub fn reclaim(&self) -> usize {
+        self.dev.reclaim()
+    }
+
     fn alloc_gaudi(
         &self,
         len: usize,
         access: Access,
     ) -> std::result::Result<MemHandle, GaudiError> {
+        // What released DMA-bufs no longer hold goes back first.
+        self.dev.reclaim();
         let size = (len as u64).next_multiple_of(PAGE);
         let handle = self.dev.alloc(size, 0)?;
         let va = match self.dev.map(handle) {

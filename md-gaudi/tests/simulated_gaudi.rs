@@ -1,14 +1,16 @@
 //! md-gaudi against the hl-thunk simulator (a TEST DOUBLE: there is no
-//! Gaudi here). Devices are opened once per process, as the real driver
-//! allows one open per device; the tests share them and run one at a time
-//! so that the fd counts are exact.
+//! Gaudi here): md-gaudi's own checks and named errors, and what it does
+//! with the driver's answers. The simulator's rules alone, below these
+//! checks, are tested in `simulator_rules.rs`. Devices are opened once per
+//! process, as the real driver allows one open per device; the tests share
+//! them and run one at a time so that the fd counts are exact.
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use md_gaudi::device::{EXPORT_FLAGS, PAGE};
-use md_gaudi::{GaudiError, GaudiMd, HlThunk};
+use md_gaudi::{GaudiError, GaudiMd};
 use uct_core::{Access, MdFlags, MemoryDomain, MemoryType, UctError};
 
 const GIB: u64 = 1 << 30;
@@ -241,10 +243,15 @@ fn each_driver_rule_violation_has_its_named_error() {
             ..
         })
     ));
+    // The size: at least a page (the driver's rule), not a multiple of one.
     assert!(matches!(
         dev.export_dmabuf(va, 100, 0, EXPORT_FLAGS),
-        Err(GaudiError::ExportMisaligned { what: "size", .. })
+        Err(GaudiError::ExportTooSmall { size: 100, .. })
     ));
+    drop(
+        dev.export_dmabuf(va, PAGE + 100, 0, EXPORT_FLAGS)
+            .expect("a size past a page boundary"),
+    );
     assert!(matches!(
         dev.export_dmabuf(va, PAGE, 100, EXPORT_FLAGS),
         Err(GaudiError::ExportMisaligned { what: "offset", .. })
@@ -255,22 +262,38 @@ fn each_driver_rule_violation_has_its_named_error() {
     ));
     assert!(matches!(
         dev.export_dmabuf(va, 0, 0, EXPORT_FLAGS),
-        Err(GaudiError::ExportOutOfBounds { .. })
+        Err(GaudiError::ExportTooSmall { size: 0, .. })
     ));
-    // The handle is not a VA.
+    // A handle is not a VA: page-aligned, so that only the lookup of a
+    // mapping at that address can refuse it.
+    assert_eq!(handle % PAGE, 0, "the simulator's handles are page-aligned");
     assert!(matches!(
         dev.export_dmabuf(handle, PAGE, 0, EXPORT_FLAGS),
-        Err(GaudiError::NotMapped { .. } | GaudiError::ExportMisaligned { .. })
+        Err(GaudiError::NotMapped { addr, .. }) if addr == handle
+    ));
+    // Nor is an address inside a mapping: exports start at the mapping.
+    assert!(matches!(
+        dev.export_dmabuf(va + PAGE, PAGE, 0, EXPORT_FLAGS),
+        Err(GaudiError::NotMapped { addr, .. }) if addr == va + PAGE
     ));
     let other = va + (64 << 20);
     assert!(matches!(
         dev.export_dmabuf(other, PAGE, 0, EXPORT_FLAGS),
         Err(GaudiError::NotMapped { addr, .. }) if addr == other
     ));
-    // A good export of the tail works.
+    // A good export of the tail works, and holds the mapping: the driver
+    // refuses the unmap, named for why.
     let fd = dev
         .export_dmabuf(va, PAGE, size - PAGE, EXPORT_FLAGS)
         .expect("tail export");
+    assert!(matches!(
+        dev.unmap(va),
+        Err(GaudiError::StillExported { addr, .. }) if addr == va
+    ));
+    assert!(matches!(
+        dev.free(handle),
+        Err(GaudiError::StillMapped { .. })
+    ));
     drop(fd);
     assert!(matches!(
         dev.free(handle),
@@ -293,61 +316,6 @@ fn each_driver_rule_violation_has_its_named_error() {
     assert_eq!(dev.in_use(), 0);
 }
 
-/// The simulator enforces the rules itself, below md-gaudi's checks.
-#[test]
-fn the_simulator_enforces_the_driver_rules() {
-    let (mds, _serial) = fixture();
-    let lib: &HlThunk = mds[0].device().lib();
-    assert!(lib.simulator().is_some_and(|s| s.contains("simulator")));
-    let errno = |e: std::io::Error| e.raw_os_error().unwrap_or(0);
-    let err = |r: std::io::Result<u64>| r.err().and_then(|e| e.raw_os_error());
-    let unit = |r: std::io::Result<()>| r.err().and_then(|e| e.raw_os_error());
-    // Both devices are open in this process: a third open is refused.
-    assert_eq!(lib.open(None).map_err(errno), Err(libc::EBUSY));
-    assert_eq!(
-        lib.open(Some("0000:17:00.0")).map_err(errno),
-        Err(libc::ENODEV)
-    );
-    assert_eq!(lib.mem_alloc(-5, 4096, 0).map_err(errno), Err(libc::EBADF));
-
-    let fd = mds[0].device().raw_fd();
-    let einval = Some(libc::EINVAL);
-    assert_eq!(err(lib.mem_alloc(fd, 0, 0)), einval);
-    assert_eq!(err(lib.mem_alloc(fd, 4096, 3 << 20)), einval);
-    assert_eq!(err(lib.mem_alloc(fd, 17 * GIB, 0)), Some(libc::ENOMEM));
-    let size = 4 << 20;
-    let handle = lib.mem_alloc(fd, size, 0).unwrap();
-    let va = lib.mem_map(fd, handle).unwrap();
-    let export = |a, s, o, f| unit(lib.export_dmabuf(fd, a, s, o, f).map(drop));
-    assert_eq!(export(va, size, 0, libc::O_RDWR as u32), einval, "flags");
-    assert_eq!(export(va, size, 0, libc::O_CLOEXEC as u32), einval, "flags");
-    assert_eq!(
-        export(va + 64, PAGE, 0, EXPORT_FLAGS),
-        einval,
-        "address alignment"
-    );
-    assert_eq!(export(va, 100, 0, EXPORT_FLAGS), einval, "size alignment");
-    assert_eq!(export(va, 0, 0, EXPORT_FLAGS), einval, "empty");
-    assert_eq!(
-        export(va, PAGE, 100, EXPORT_FLAGS),
-        einval,
-        "offset alignment"
-    );
-    assert_eq!(export(va, size, PAGE, EXPORT_FLAGS), einval, "bounds");
-    assert_eq!(
-        export(handle, PAGE, 0, EXPORT_FLAGS),
-        einval,
-        "a handle is not a VA"
-    );
-    assert_eq!(export(va, size, 0, EXPORT_FLAGS), None);
-    assert_eq!(unit(lib.mem_free(fd, handle)), einval, "still mapped");
-    assert_eq!(unit(lib.unmap(fd, va + PAGE)), einval);
-    lib.unmap(fd, va).unwrap();
-    lib.mem_free(fd, handle).unwrap();
-    assert_eq!(unit(lib.mem_free(fd, handle)), einval, "freed twice");
-    assert_eq!(sim_counter("hlthunk_sim_live_allocations"), 0);
-}
-
 #[test]
 fn a_missing_or_wrong_library_is_named() {
     let e = md_gaudi::open_devices(std::path::Path::new("/nonexistent/libhl-thunk.so"))
@@ -368,4 +336,87 @@ fn a_missing_or_wrong_library_is_named() {
         ),
         "{e}"
     );
+}
+
+/// An fd from `query` that outlives the memory handle holds the DMA-buf,
+/// and so (in the driver) the mapping and the allocation: md-gaudi defers
+/// the free until the fd is closed, never frees under it, and frees it
+/// after.
+#[test]
+fn a_query_fd_that_outlives_the_handle_defers_the_free() {
+    let (mds, _serial) = fixture();
+    let md = &mds[0];
+    let mem = md
+        .alloc(1 << 20, MemoryType::Gaudi, Access::all_rights())
+        .expect("alloc");
+    let (fd, _) = md.query(mem.addr(), 1).expect("query").dmabuf.expect("fd");
+    let in_use = md.device().in_use();
+    drop(mem);
+    assert_eq!(md.live_allocations(), 0, "the handle is gone");
+    assert_eq!(md.deferred_frees(), 1, "held by the query's fd");
+    assert_eq!(sim_counter("hlthunk_sim_live_allocations"), 1);
+    assert_eq!(sim_counter("hlthunk_sim_live_mappings"), 1);
+    assert_eq!(sim_counter("hlthunk_sim_open_exports"), 1);
+    assert_eq!(md.device().in_use(), in_use, "still counted against DRAM");
+    assert_eq!(md.reclaim(), 1, "nothing to free while the fd is open");
+    drop(fd);
+    // The next alloc (or an explicit reclaim) frees it.
+    let next = md
+        .alloc(4096, MemoryType::Gaudi, Access::all_rights())
+        .expect("alloc");
+    assert_eq!(md.deferred_frees(), 0);
+    assert_eq!(
+        sim_counter("hlthunk_sim_live_allocations"),
+        1,
+        "only the new one"
+    );
+    drop(next);
+    assert_eq!(sim_counter("hlthunk_sim_live_allocations"), 0);
+    assert_eq!(md.device().in_use(), 0);
+}
+
+/// What a NIC registration of Gaudi memory holds (md-ib's `IbBacking`): a
+/// reference on the DMA-buf (the kernel's MR holds one; here a copy of the
+/// query's fd) and a clone of the memory handle.
+struct Registration {
+    _dmabuf: std::os::fd::OwnedFd,
+    _owner: uct_core::MemHandle,
+}
+
+/// A registration keeps its allocation alive, whatever is dropped first.
+#[test]
+fn a_registration_keeps_its_allocation_alive() {
+    let (mds, _serial) = fixture();
+    let md = &mds[1];
+    for registration_first in [true, false] {
+        let mem = md
+            .alloc(1 << 20, MemoryType::Gaudi, Access::all_rights())
+            .expect("alloc");
+        let (fd, _) = mem
+            .query_owner()
+            .expect("device memory answers")
+            .expect("query")
+            .dmabuf
+            .expect("fd");
+        let registration = Registration {
+            _dmabuf: fd,
+            _owner: mem.clone(),
+        };
+        if registration_first {
+            drop(registration);
+            assert_eq!(sim_counter("hlthunk_sim_live_allocations"), 1);
+            drop(mem);
+        } else {
+            drop(mem);
+            // The user's handle is gone; the registration's clone holds it.
+            assert_eq!(md.live_allocations(), 1);
+            assert_eq!(sim_counter("hlthunk_sim_live_allocations"), 1);
+            // One DMA-buf: md-gaudi's fd and the registration's copy.
+            assert_eq!(sim_counter("hlthunk_sim_open_exports"), 1);
+            drop(registration);
+        }
+        assert_eq!(md.deferred_frees(), 0, "freed with its last reference");
+        assert_eq!(sim_counter("hlthunk_sim_live_allocations"), 0);
+        assert_eq!(sim_counter("hlthunk_sim_open_exports"), 0);
+    }
 }

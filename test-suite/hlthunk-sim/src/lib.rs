@@ -7,13 +7,40 @@
 //! `sim`, and `hlthunk_sim_describe` says what it is).
 //!
 //! What it simulates, per device: an exclusive open, DRAM of a fixed size
-//! (allocations count against it), allocations backed by memfd, mappings to
+//! (allocations count against it; no memory backs them, the CPU cannot
+//! touch device memory anyway), mappings to
 //! device virtual addresses, and DMA-buf export with the kernel driver's
-//! checks: the address must be a mapped VA (not a handle), page-aligned;
-//! size at least a page and page-aligned; the offset page-aligned and
-//! `offset + size` inside the mapping; flags exactly `O_RDWR | O_CLOEXEC`.
-//! The exported fd is an `O_PATH` fd of the backing memfd, so that, as with
-//! a real Gaudi DMA-buf, the CPU cannot mmap, read or write it.
+//! checks: the address must be the start of a mapping (not a handle); the
+//! offset page-aligned and `offset + size` inside the mapping; size at least
+//! a page; flags exactly `O_RDWR | O_CLOEXEC`.
+//!
+//! DMA-buf exports are tracked as the habanalabs driver tracks them
+//! (`drivers/accel/habanalabs/common/memory.c`, read for this; none of its
+//! code is used here):
+//! - `export_dmabuf_from_addr` takes an export reference on the mapping
+//!   (`memhash_node_export_get` raises the mapping's `export_cnt`), and
+//!   `export_dmabuf` holds the device file open (`get_file` on the device
+//!   fd, with a context reference) until the DMA-buf is released;
+//! - the release (`hl_release_dmabuf`, when the last reference to the
+//!   DMA-buf goes: every fd and every importer such as an RDMA MR) drops
+//!   both;
+//! - `unmap_device_va` refuses a mapping whose `export_cnt` is not zero with
+//!   -EINVAL ("memory is exported");
+//! - `free_device_memory` refuses a handle that is still mapped with
+//!   -EINVAL, so an exported allocation cannot be freed either: nothing is
+//!   freed or deferred under an open DMA-buf, the caller must retry after
+//!   the release;
+//! - closing the device fd does not release the device while a DMA-buf is
+//!   open (the export holds the device file): its memory stays allocated,
+//!   the device stays busy (`hlthunk_open` gets EBUSY) and everything is
+//!   freed when the last DMA-buf is released.
+//!
+//! The exported fd is one end of a socket pair whose other end the
+//! simulator keeps: when every copy of the exported fd is closed (dup'd
+//! copies and copies in other processes included), the kept end sees a
+//! hang-up, which the simulator takes as the DMA-buf's release; it looks
+//! for releases at the start of every call. As with a real Gaudi DMA-buf,
+//! the CPU cannot mmap it (ENODEV) or read data from it.
 //!
 //! Settings (environment, read once): `HLTHUNK_SIM_DEVICES` (default 2),
 //! `HLTHUNK_SIM_DRAM_MB` per device (default 16384).
@@ -69,13 +96,28 @@ const DESCRIPTION: &CStr =
 
 struct Alloc {
     size: u64,
-    memfd: OwnedFd,
     maps: u32,
 }
 
 struct Mapping {
     handle: u64,
     size: u64,
+    /// One entry per DMA-buf exported from this mapping and not yet
+    /// released: the simulator's end of the exported socket pair.
+    exports: Vec<OwnedFd>,
+}
+
+/// Whether the DMA-buf watched by `kept` was released: every copy of the
+/// exported end is closed, so the kept end hangs up.
+fn released(kept: &OwnedFd) -> bool {
+    let mut poll = libc::pollfd {
+        fd: kept.as_raw_fd(),
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a zero timeout; poll writes only `revents`.
+    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+    ready > 0 && poll.revents & (libc::POLLHUP | libc::POLLNVAL) != 0
 }
 
 struct Device {
@@ -84,6 +126,9 @@ struct Device {
     used: u64,
     /// The fd of the process's open of this device, when open.
     open_fd: Option<RawFd>,
+    /// Closed by its user while DMA-bufs were open: still busy, its memory
+    /// still allocated, until the last of them is released.
+    closing: bool,
     next_handle: u64,
     next_va: u64,
     allocs: HashMap<u64, Alloc>,
@@ -91,12 +136,33 @@ struct Device {
 }
 
 impl Device {
-    /// Frees everything, as the driver does when the device fd is closed.
+    /// Frees everything, as the driver does when the device is released.
     fn release(&mut self) {
         self.maps.clear();
         self.allocs.clear();
         self.used = 0;
         self.open_fd = None;
+        self.closing = false;
+    }
+
+    /// Open or still held by a DMA-buf after its fd was closed.
+    fn busy(&self) -> bool {
+        self.open_fd.is_some() || self.closing
+    }
+
+    fn open_exports(&self) -> usize {
+        self.maps.values().map(|m| m.exports.len()).sum()
+    }
+
+    /// Drops the export references of released DMA-bufs, and releases a
+    /// device closed by its user once nothing holds it any more.
+    fn reap_exports(&mut self) {
+        for mapping in self.maps.values_mut() {
+            mapping.exports.retain(|kept| !released(kept));
+        }
+        if self.closing && self.open_exports() == 0 {
+            self.release();
+        }
     }
 }
 
@@ -113,7 +179,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 fn sim() -> MutexGuard<'static, Sim> {
     static SIM: OnceLock<Mutex<Sim>> = OnceLock::new();
-    SIM.get_or_init(|| {
+    let sim = SIM.get_or_init(|| {
         let n = env_u64("HLTHUNK_SIM_DEVICES", 2).min(16);
         let dram = env_u64("HLTHUNK_SIM_DRAM_MB", 16384) << 20;
         Mutex::new(Sim {
@@ -123,6 +189,7 @@ fn sim() -> MutexGuard<'static, Sim> {
                     dram_size: dram,
                     used: 0,
                     open_fd: None,
+                    closing: false,
                     next_handle: 1,
                     next_va: VA_BASE + (i << 40),
                     allocs: HashMap::new(),
@@ -130,9 +197,13 @@ fn sim() -> MutexGuard<'static, Sim> {
                 })
                 .collect(),
         })
-    })
-    .lock()
-    .unwrap_or_else(|p| p.into_inner())
+    });
+    let mut state = sim.lock().unwrap_or_else(|p| p.into_inner());
+    // Every call sees the DMA-bufs released since the last one.
+    for device in &mut state.devices {
+        device.reap_exports();
+    }
+    state
 }
 
 fn set_errno(e: c_int) {
@@ -197,7 +268,7 @@ pub unsafe extern "C" fn hlthunk_open(device_name: c_int, busid: *const c_char) 
             .iter()
             .position(|device| &device.bus_id == wanted)
         {
-            Some(i) if state.devices[i].open_fd.is_some() => {
+            Some(i) if state.devices[i].busy() => {
                 set_errno(libc::EBUSY);
                 return -1;
             }
@@ -207,11 +278,7 @@ pub unsafe extern "C" fn hlthunk_open(device_name: c_int, busid: *const c_char) 
                 return -1;
             }
         },
-        None => match state
-            .devices
-            .iter()
-            .position(|device| device.open_fd.is_none())
-        {
+        None => match state.devices.iter().position(|device| !device.busy()) {
             Some(i) => i,
             None => {
                 set_errno(if state.devices.is_empty() {
@@ -232,7 +299,10 @@ pub unsafe extern "C" fn hlthunk_open(device_name: c_int, busid: *const c_char) 
     raw
 }
 
-/// Closes a device fd and frees what was allocated through it.
+/// Closes a device fd and frees what was allocated through it; while a
+/// DMA-buf of it is open the device stays held (busy, its memory allocated)
+/// until the last one is released, as the driver's exports hold the device
+/// file.
 #[no_mangle]
 pub extern "C" fn hlthunk_close(fd: c_int) -> c_int {
     let mut state = sim();
@@ -240,7 +310,12 @@ pub extern "C" fn hlthunk_close(fd: c_int) -> c_int {
         set_errno(libc::EBADF);
         return -1;
     };
-    device.release();
+    if device.open_exports() > 0 {
+        device.open_fd = None;
+        device.closing = true;
+    } else {
+        device.release();
+    }
     // SAFETY: the fd was created by hlthunk_open and is closed only here.
     unsafe { libc::close(fd) }
 }
@@ -340,32 +415,26 @@ pub extern "C" fn hlthunk_device_memory_alloc(
         set_errno(libc::ENOMEM);
         return 0;
     }
-    let Some(mfd) = memfd("hlthunk-sim-dram") else {
-        set_errno(libc::ENOMEM);
-        return 0;
-    };
-    // SAFETY: mfd is a valid memfd; ftruncate makes a sparse file.
-    if unsafe { libc::ftruncate(mfd.as_raw_fd(), rounded as libc::off_t) } != 0 {
-        set_errno(libc::ENOMEM);
-        return 0;
-    }
-    // Handles look nothing like VAs, so that passing one where a VA is
-    // expected fails as it would on the real driver.
-    let handle = (1u64 << 32) | device.next_handle;
+    // The driver's handles are small numbers (idr ids); these are small and
+    // page-aligned, far below any VA, so that a handle passed where a VA is
+    // expected passes every alignment check and fails the one that matters,
+    // the lookup of a mapping at that address, as on the real driver.
+    let handle = device.next_handle * PAGE;
     device.next_handle += 1;
     device.used += rounded;
     device.allocs.insert(
         handle,
         Alloc {
             size: rounded,
-            memfd: mfd,
             maps: 0,
         },
     );
     handle
 }
 
-/// Frees an allocation: EINVAL for an unknown handle or one still mapped.
+/// Frees an allocation: EINVAL for an unknown handle or one still mapped
+/// (`free_device_memory`: "handle is mapped, cannot free"); an exported
+/// allocation is always still mapped, see `hlthunk_memory_unmap`.
 #[no_mangle]
 pub extern "C" fn hlthunk_device_memory_free(fd: c_int, handle: u64) -> c_int {
     let mut state = sim();
@@ -402,17 +471,31 @@ pub extern "C" fn hlthunk_device_memory_map(fd: c_int, handle: u64, _hint_addr: 
     // A guard gap between mappings, so that overruns do not land in a
     // neighbour.
     device.next_va += size + DRAM_PAGE;
-    device.maps.insert(va, Mapping { handle, size });
+    device.maps.insert(
+        va,
+        Mapping {
+            handle,
+            size,
+            exports: Vec::new(),
+        },
+    );
     va
 }
 
-/// Unmaps a VA returned by `hlthunk_device_memory_map`; EINVAL otherwise.
+/// Unmaps a VA returned by `hlthunk_device_memory_map`; EINVAL for any
+/// other address, and EINVAL while a DMA-buf exported from the mapping is
+/// open (`unmap_device_va`: "failed to unmap, memory is exported").
 #[no_mangle]
 pub extern "C" fn hlthunk_memory_unmap(fd: c_int, device_virt_addr: u64) -> c_int {
     let mut state = sim();
     let Some(device) = device_of(&mut state, fd) else {
         return fail(libc::EBADF);
     };
+    match device.maps.get(&device_virt_addr) {
+        None => return fail(libc::EINVAL),
+        Some(mapping) if !mapping.exports.is_empty() => return fail(libc::EINVAL),
+        Some(_) => {}
+    }
     let Some(mapping) = device.maps.remove(&device_virt_addr) else {
         return fail(libc::EINVAL);
     };
@@ -423,7 +506,10 @@ pub extern "C" fn hlthunk_memory_unmap(fd: c_int, device_virt_addr: u64) -> c_in
 }
 
 /// Exports `[addr + offset, +size)` of a mapping as a DMA-buf, with the
-/// kernel driver's checks; every violation returns -EINVAL.
+/// kernel driver's checks in its order (`export_dmabuf_from_addr`: the
+/// mapping at `addr` first, then `validate_export_params`); every violation
+/// returns -EINVAL. The export holds the mapping (no unmap, hence no free)
+/// and the device until the DMA-buf is released.
 #[no_mangle]
 pub extern "C" fn hlthunk_device_mapped_memory_export_dmabuf_fd(
     fd: c_int,
@@ -439,34 +525,39 @@ pub extern "C" fn hlthunk_device_mapped_memory_export_dmabuf_fd(
     if flags != (libc::O_RDWR | libc::O_CLOEXEC) as u32 {
         return fail(libc::EINVAL);
     }
-    if !addr.is_multiple_of(PAGE)
-        || !offset.is_multiple_of(PAGE)
-        || size == 0
-        || !size.is_multiple_of(PAGE)
-    {
-        return fail(libc::EINVAL);
-    }
-    let Some(mapping) = device.maps.get(&addr) else {
+    // memhash_node_export_get: `addr` must be where a mapping starts.
+    let Some(mapping) = device.maps.get_mut(&addr) else {
         return fail(libc::EINVAL);
     };
-    if offset
+    // validate_export_params: addr + offset page-aligned, at least a page,
+    // and inside the allocation.
+    let inside = offset
         .checked_add(size)
-        .is_none_or(|end| end > mapping.size)
-    {
+        .is_some_and(|end| end <= mapping.size);
+    if !addr.wrapping_add(offset).is_multiple_of(PAGE) || size < PAGE || !inside {
         return fail(libc::EINVAL);
     }
-    let Some(alloc) = device.allocs.get(&mapping.handle) else {
-        return fail(libc::EINVAL);
+    let mut pair = [0 as c_int; 2];
+    // SAFETY: `pair` has room for the two fds socketpair writes.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            pair.as_mut_ptr(),
+        )
     };
-    // An O_PATH fd of the backing memfd: it keeps the memory alive like a
-    // DMA-buf does, and the CPU cannot map or read it.
-    let path = format!("/proc/self/fd/{}\0", alloc.memfd.as_raw_fd());
-    // SAFETY: path is NUL-terminated; the result is a new fd or -1.
-    let out = unsafe { libc::open(path.as_ptr().cast(), libc::O_PATH | libc::O_CLOEXEC) };
-    if out < 0 {
+    if rc != 0 {
         return fail(libc::EMFILE);
     }
-    out
+    // SAFETY: both fds were just created by socketpair and are owned by
+    // nobody else; `pair[1]` is handed to the caller, who owns it.
+    let kept = unsafe { OwnedFd::from_raw_fd(pair[0]) };
+    // The exported end reads end-of-file: the CPU gets no data from it.
+    // SAFETY: `kept` is a valid socket.
+    unsafe { libc::shutdown(kept.as_raw_fd(), libc::SHUT_WR) };
+    mapping.exports.push(kept);
+    pair[1]
 }
 
 /// Simulator only: says what this library is. md-gaudi looks for this
@@ -486,4 +577,11 @@ pub extern "C" fn hlthunk_sim_live_allocations() -> u64 {
 #[no_mangle]
 pub extern "C" fn hlthunk_sim_live_mappings() -> u64 {
     sim().devices.iter().map(|d| d.maps.len() as u64).sum()
+}
+
+/// Simulator only: DMA-bufs exported and not yet released, over all
+/// devices (for tests of what an open export holds).
+#[no_mangle]
+pub extern "C" fn hlthunk_sim_open_exports() -> u64 {
+    sim().devices.iter().map(|d| d.open_exports() as u64).sum()
 }
