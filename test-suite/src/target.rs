@@ -43,6 +43,11 @@ pub trait Target: Send {
     fn inbox_len(&mut self, id: u8) -> Result<usize, String>;
     /// Takes the messages received on `id`.
     fn take_inbox(&mut self, id: u8) -> Result<Vec<Vec<u8>>, String>;
+    /// Takes at most `max` of the messages received on `id`, oldest first.
+    fn take_some(&mut self, id: u8, max: usize) -> Result<Vec<Vec<u8>>, String>;
+    /// Stops (`true`) or restarts driving the target iface: held, it
+    /// receives nothing, so that its senders meet back-pressure.
+    fn hold(&mut self, held: bool) -> Result<(), String>;
     /// Drives the target iface (a no-op for a child, which drives itself).
     fn progress(&mut self) -> usize;
     /// Creates the target's endpoint back (CONNECT_TO_EP transports) and
@@ -71,6 +76,7 @@ pub struct InProcess {
     ep: Option<Box<dyn uct_core::Endpoint>>,
     dev_addr: Vec<u8>,
     iface_addr: Vec<u8>,
+    held: bool,
 }
 
 impl InProcess {
@@ -84,6 +90,7 @@ impl InProcess {
             next: 1,
             inboxes: Arc::default(),
             ep: None,
+            held: false,
         }
     }
 
@@ -202,7 +209,22 @@ impl Target for InProcess {
             .unwrap_or_default())
     }
 
+    fn take_some(&mut self, id: u8, max: usize) -> Result<Vec<Vec<u8>>, String> {
+        let mut inboxes = self.inboxes.lock().unwrap_or_else(|e| e.into_inner());
+        let inbox = inboxes.entry(id).or_default();
+        let n = inbox.len().min(max);
+        Ok(inbox.drain(..n).collect())
+    }
+
+    fn hold(&mut self, held: bool) -> Result<(), String> {
+        self.held = held;
+        Ok(())
+    }
+
     fn progress(&mut self) -> usize {
+        if self.held {
+            return 0;
+        }
         self.iface.as_mut().map_or(0, |i| i.progress())
     }
 
@@ -267,6 +289,13 @@ enum Cmd {
     },
     TakeInbox {
         id: u8,
+    },
+    TakeSome {
+        id: u8,
+        max: usize,
+    },
+    Hold {
+        held: bool,
     },
     CreateEp,
     ConnectEp {
@@ -438,6 +467,17 @@ impl Target for Spawned {
         }
     }
 
+    fn take_some(&mut self, id: u8, max: usize) -> Result<Vec<Vec<u8>>, String> {
+        match self.call(Cmd::TakeSome { id, max })? {
+            Reply::Inbox(v) => Ok(v),
+            reply => Err(unexpected(reply)),
+        }
+    }
+
+    fn hold(&mut self, held: bool) -> Result<(), String> {
+        self.call(Cmd::Hold { held }).map(drop)
+    }
+
     fn progress(&mut self) -> usize {
         0
     }
@@ -512,7 +552,12 @@ fn run_agent() -> Result<(), String> {
         // Keep the iface progressing between commands.
         let mut idle = 0u32;
         while !ch
-            .poll_readable(Duration::ZERO)
+            .poll_readable(if target.held {
+                // Held: wait for the next command without driving the iface.
+                Duration::from_millis(10)
+            } else {
+                Duration::ZERO
+            })
             .map_err(|e| e.to_string())?
         {
             if target.progress() == 0 {
@@ -563,6 +608,8 @@ fn run_agent() -> Result<(), String> {
             Cmd::Listen { id } => target.listen(id).map(|_| Reply::Done),
             Cmd::InboxLen { id } => target.inbox_len(id).map(Reply::Len),
             Cmd::TakeInbox { id } => target.take_inbox(id).map(Reply::Inbox),
+            Cmd::TakeSome { id, max } => target.take_some(id, max).map(Reply::Inbox),
+            Cmd::Hold { held } => target.hold(held).map(|_| Reply::Done),
             Cmd::CreateEp => target.create_ep().map(Reply::Addr),
             Cmd::ConnectEp {
                 device_addr,

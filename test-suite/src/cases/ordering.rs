@@ -38,7 +38,27 @@ pub(crate) fn put_retrying(
     Ok(())
 }
 
-/// Many puts without waiting, then one flush: everything has landed.
+/// Posts with `op` without waiting for any completion, progressing while
+/// the transport says NoResource.
+fn post_retrying(
+    pair: &mut Pair,
+    what: &str,
+    mut op: impl FnMut(&mut dyn uct_core::Endpoint) -> Result<Status, uct_core::UctError>,
+) -> TestResult {
+    let t0 = std::time::Instant::now();
+    while let Status::NoResource = op(pair.ep.as_mut()).ctx(what)? {
+        pair.progress();
+        ensure!(
+            t0.elapsed() < WAIT,
+            "{what}: no send resources for {WAIT:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Many puts without waiting, then one flush: once the flush has
+/// completed, and before any put's own completion is looked at, everything
+/// has landed, and every put has completed.
 fn flush_stream(pair: &mut Pair) -> TestResult {
     let count = 64usize;
     let piece = 4096usize;
@@ -47,80 +67,145 @@ fn flush_stream(pair: &mut Pair) -> TestResult {
     let data = pattern(count * piece, 2000);
     local.write(0, &data).ctx("fill")?;
     let rkey = pair.rkey(&remote)?;
-    let comp = Completion::new();
-    for i in 0..count {
+    let comps: Vec<Completion> = (0..count).map(|_| Completion::new()).collect();
+    for (i, comp) in comps.iter().enumerate() {
         let iov = [Iov::new(&local, i * piece, piece)];
-        put_retrying(pair, &iov, remote.addr + (i * piece) as u64, &rkey, &comp)?;
+        put_retrying(pair, &iov, remote.addr + (i * piece) as u64, &rkey, comp)?;
     }
     pair.flush().ctx("flush")?;
-    let fired = comp.clone();
-    pair.wait_for("put completions", |_| Ok(fired.is_complete()))?;
-    comp.result().ctx("put completion")?;
-    ensure!(
-        pair.remote_read(&remote, 0, count * piece)? == data,
-        "data missing after flush"
-    );
+    let got = pair.remote_read(&remote, 0, count * piece)?;
+    if let Some(at) = got.iter().zip(&data).position(|(a, b)| a != b) {
+        return Err(format!(
+            "the flush completed before put {} (byte {at}) had landed",
+            at / piece
+        ));
+    }
+    for (i, comp) in comps.iter().enumerate() {
+        ensure!(
+            comp.is_complete(),
+            "put {i} was still pending when the flush after it completed"
+        );
+        comp.result().ctx(&format!("put {i}"))?;
+    }
     Ok(())
 }
 
-/// A put after a fence is not overtaken by one before it.
+/// A put after a fence is not overtaken by a put before it: a large put,
+/// a fence, then a small put into the middle of the same range, posted
+/// without waiting for either; the small one's bytes must be the ones that
+/// stay.
 fn fence(pair: &mut Pair) -> TestResult {
-    let remote = pair.remote(4096, Access::all_rights())?;
+    let big = pair.attrs().put.max_bcopy.min(64 << 10);
+    let small = 512.min(big / 2);
+    ensure!(
+        small > 0,
+        "put_bcopy is advertised with a largest size of {big}"
+    );
+    let remote = pair.remote(big, Access::all_rights())?;
     let rkey = pair.rkey(&remote)?;
-    for round in 0..50u64 {
-        let first = pattern(512, 3000 + round);
-        let second = pattern(512, 4000 + round);
-        let comp = Completion::new();
-        pair.post_wait("put a", &comp, |ep, _| {
+    for round in 0..50usize {
+        let first = pattern(big, 3000 + round as u64);
+        let second = pattern(small, 4000 + round as u64);
+        let at = (round * 61) % (big - small);
+        post_retrying(pair, "put before the fence", |ep| {
             ep.put_bcopy(&first, remote.addr, &rkey)
-        })
-        .ctx("put")?;
-        pair.post_wait("fence", &comp, |ep, _| ep.fence())
-            .ctx("fence")?;
-        pair.post_wait("put b", &comp, |ep, _| {
-            ep.put_bcopy(&second, remote.addr, &rkey)
-        })
-        .ctx("put")?;
+        })?;
+        post_retrying(pair, "fence", |ep| ep.fence())?;
+        post_retrying(pair, "put after the fence", |ep| {
+            ep.put_bcopy(&second, remote.addr + at as u64, &rkey)
+        })?;
         pair.flush().ctx("flush")?;
+        let got = pair.remote_read(&remote, 0, big)?;
         ensure!(
-            pair.remote_read(&remote, 0, 512)? == second,
+            got[at..at + small] == second[..],
             "round {round}: the put before the fence landed last"
+        );
+        ensure!(
+            got[..at] == first[..at] && got[at + small..] == first[at + small..],
+            "round {round}: the put before the fence did not land"
         );
     }
     Ok(())
 }
 
-/// Sending faster than the receiver drains ends in NoResource or is
-/// absorbed; either way every message arrives exactly once and in order.
+/// A message for back_pressure: its sequence number, then filler.
+fn message(seq: u64, len: usize) -> Vec<u8> {
+    let mut msg = vec![(seq % 251) as u8; len];
+    msg[..8].copy_from_slice(&seq.to_le_bytes());
+    msg
+}
+
+/// With the receiver stopped and the sender not progressing, a transport's
+/// queues fill: it must answer NoResource (its queues are bounded) before
+/// [`HELD_BYTES`]. Then, with the receiver draining, every message arrives
+/// exactly once and in order.
 fn back_pressure(pair: &mut Pair) -> TestResult {
     pair.target.listen(2)?;
-    let total = 20_000u64;
+    let len = pair.attrs().am.max_bcopy.clamp(8, 1024);
+    let bound = (HELD_BYTES / len) as u64;
+    pair.target.hold(true)?;
     let mut sent = 0u64;
-    let mut refusals = 0u64;
+    let mut refused = false;
     let t0 = std::time::Instant::now();
+    while sent < bound && !refused {
+        match pair.ep.am_bcopy(2, &message(sent, len)).ctx("am_bcopy")? {
+            Status::Done | Status::InProgress => sent += 1,
+            Status::NoResource => refused = true,
+        }
+        ensure!(t0.elapsed() < WAIT, "sent {sent} in {WAIT:?}");
+    }
+    pair.target.hold(false)?;
+    ensure!(
+        refused,
+        "{sent} messages of {len} bytes posted to a receiver that drains nothing, and never a \
+         NoResource: the send queue is not bounded"
+    );
+    log::info!(
+        "{}: back_pressure: NoResource after {sent} messages of {len} bytes",
+        pair.resource.tl.transport
+    );
+    let total = sent + 2000;
     while sent < total {
-        match pair.ep.am_bcopy(2, &sent.to_le_bytes()).ctx("am_bcopy")? {
+        match pair.ep.am_bcopy(2, &message(sent, len)).ctx("am_bcopy")? {
             Status::Done | Status::InProgress => sent += 1,
             Status::NoResource => {
-                refusals += 1;
                 // Only now let the receiver drain.
                 pair.progress();
             }
         }
         ensure!(t0.elapsed() < WAIT, "sent {sent} of {total} in {WAIT:?}");
     }
-    pair.wait_inbox(2, total as usize)?;
-    for (i, d) in pair.target.take_inbox(2)?.iter().enumerate() {
-        let seq = u64::from_le_bytes(
-            d.get(..8)
-                .and_then(|b| b.try_into().ok())
-                .ok_or("short message")?,
-        );
-        ensure!(seq == i as u64, "message {seq} arrived in position {i}");
+    let mut next = 0u64;
+    while next < total {
+        let batch = pair.target.take_some(2, 1000)?;
+        if batch.is_empty() {
+            pair.progress();
+            ensure!(
+                t0.elapsed() < WAIT,
+                "{next} of {total} messages arrived in {WAIT:?}"
+            );
+            continue;
+        }
+        for msg in batch {
+            let seq = u64::from_le_bytes(
+                msg.get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or("short message")?,
+            );
+            ensure!(seq == next, "message {seq} arrived in position {next}");
+            ensure!(msg == message(seq, len), "message {seq} arrived changed");
+            next += 1;
+        }
     }
-    log::info!(
-        "{}: back_pressure: {refusals} NoResource answers for {total} messages",
-        pair.resource.tl.transport
+    pair.flush().ctx("flush")?;
+    ensure!(
+        pair.target.inbox_len(2)? == 0,
+        "more than the {total} messages sent arrived"
     );
     Ok(())
 }
+
+/// Bytes back_pressure posts to a stopped receiver before it calls the
+/// queue unbounded: far more than any transport's queues and socket
+/// buffers (tcp: 8 MiB queued, plus the kernel's).
+const HELD_BYTES: usize = 64 << 20;
