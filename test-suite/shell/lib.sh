@@ -39,13 +39,48 @@ need_bins() {
     done
 }
 
-# The reason transport-info gives for an absent transport.
+# Expected coverage: the transports and memory domains a run must find. On
+# a host: self, posix, cma, tcp, the example module's loop and the
+# simulator's gaudi0/gaudi1; inside scripts/rxe-vm (RXE_VM_DEVICE set) also
+# rc. UCT_TEST_EXPECT (a comma list) replaces the set explicitly, and the
+# summary then says what it left out. Whatever is expected and missing is a
+# FAIL; only what is not expected may be skipped.
+DEFAULT_EXPECT="self posix cma tcp loop gaudi0 gaudi1"
+[ -n "${RXE_VM_DEVICE:-}" ] && DEFAULT_EXPECT="$DEFAULT_EXPECT rc"
+if [ -n "${UCT_TEST_EXPECT+set}" ]; then
+    EXPECT=" $(tr ', ' '  ' <<<"$UCT_TEST_EXPECT") "
+else
+    EXPECT=" $DEFAULT_EXPECT "
+fi
+expected() { [[ "$EXPECT" == *" $1 "* ]]; }
+
+# absent NAME WHAT...: NAME is missing; FAIL when it is expected, else SKIP.
+absent() {
+    local name=$1
+    shift
+    if expected "$name"; then
+        fail "$* [$name is expected]"
+    else
+        skip "$*"
+    fi
+}
+
+# The reason the registry gives for an absent transport
+# (Registry::explain_absent, as transport-info -t prints it).
 absent_reason() {
-    "$BIN_DIR/transport-info" -d 2>/dev/null |
-        sed -n "s/^# *$1: //p" | head -n 1
+    local why
+    why=$("$BIN_DIR/transport-info" -t "$1" 2>&1 >/dev/null | grep -v '^\[WARN' | head -n 1)
+    echo "${why#transport-info: }"
 }
 
 summary() {
+    if [ -n "${UCT_TEST_EXPECT+set}" ]; then
+        local n left=""
+        for n in $DEFAULT_EXPECT; do
+            expected "$n" || left="$left $n"
+        done
+        echo "$SUITE: UCT_TEST_EXPECT=$UCT_TEST_EXPECT narrows the expected coverage; left out:${left:- none}"
+    fi
     echo "$SUITE: $PASSED passed, $FAILED failed, $SKIPPED skipped"
     [ "$FAILED" -eq 0 ]
 }
