@@ -1,13 +1,16 @@
 //! A real DMA-buf (from vgem, the kernel's virtual GEM exporter) offered to
 //! md-ib on a NIC that cannot import DMA-bufs (Soft-RoCE) is refused with a
 //! message that says so, and such a NIC does not advertise REG_DMABUF.
-//! Runs where an RDMA device and vgem exist (inside scripts/rxe-vm); skipped
-//! elsewhere, with the reason.
+//! Runs where an RDMA device and vgem exist. Inside scripts/rxe-vm
+//! (`RXE_VM_DEVICE=rxe0`), or where `UCT_TEST_EXPECT` names rc, both are
+//! expected: their absence fails the test. Elsewhere it is skipped, with the
+//! reason; a skip or a NIC that imports DMA-bufs (nothing to refuse) is
+//! reported as ignored, never as passed, whatever the flags.
 
 use std::fs::OpenOptions;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use md_ib::verbs::Context;
 use md_ib::IbMd;
 use uct_core::{Access, MdFlags, MemoryDomain, UctError};
@@ -96,11 +99,13 @@ fn vgem_dmabuf() -> Result<(OwnedFd, u64), Failed> {
     Ok((unsafe { OwnedFd::from_raw_fd(prime.fd) }, dumb.size))
 }
 
-fn refused(dev: String) -> Result<(), Failed> {
+fn refused(dev: String) -> Result<Completion, Failed> {
     let md = IbMd::open("ib", &dev)?;
     if md.supports_dmabuf() {
-        println!("dmabuf_rxe: {dev} imports DMA-bufs; nothing to refuse");
-        return Ok(());
+        println!("dmabuf_rxe: {dev} imports DMA-bufs; nothing to refuse (not applicable)");
+        return Ok(Completion::ignored_with(format!(
+            "not applicable: {dev} imports DMA-bufs"
+        )));
     }
     if md.attrs().flags.contains(MdFlags::REG_DMABUF) {
         return Err(format!("{dev} cannot import DMA-bufs but advertises REG_DMABUF").into());
@@ -118,35 +123,53 @@ fn refused(dev: String) -> Result<(), Failed> {
         return Err(format!("unexpected refusal: {msg}").into());
     }
     println!("dmabuf_rxe: {dev} refused the vgem DMA-buf: {msg}");
-    Ok(())
+    Ok(Completion::Completed)
+}
+
+/// Whether this run expects rc, and so an RDMA device: inside scripts/rxe-vm
+/// (which sets `RXE_VM_DEVICE`), or where `UCT_TEST_EXPECT` names rc.
+fn rc_expected() -> bool {
+    match std::env::var("UCT_TEST_EXPECT") {
+        Ok(names) => names.split(',').any(|n| n.trim() == "rc"),
+        Err(_) => std::env::var_os("RXE_VM_DEVICE").is_some(),
+    }
 }
 
 fn main() {
     let args = Arguments::from_args();
+    const NAME: &str = "vgem_dmabuf_refused_by_a_nic_without_dmabuf";
     let devices = Context::device_names();
-    let mut trials = Vec::new();
-    match (devices.first(), vgem_node()) {
+    // Inside the VM the device is the one it brought up.
+    let wanted = std::env::var("RXE_VM_DEVICE").ok();
+    let device = match &wanted {
+        Some(want) => devices.iter().find(|d| *d == want),
+        None => devices.first(),
+    };
+    let absent = match (device, vgem_node()) {
         (Some(dev), Some(_)) => {
             let dev = dev.clone();
-            trials.push(Trial::test(
-                "vgem_dmabuf_refused_by_a_nic_without_dmabuf",
-                move || refused(dev),
-            ));
+            let trial = Trial::ignorable_test(NAME, move || refused(dev));
+            libtest_mimic::run(&args, vec![trial]).exit();
         }
-        (None, _) => {
-            println!("dmabuf_rxe: SKIPPED: no RDMA device here (scripts/rxe-vm runs this with Soft-RoCE)");
-            trials.push(
-                Trial::test("vgem_dmabuf_refused_by_a_nic_without_dmabuf", || Ok(()))
-                    .with_ignored_flag(true),
-            );
-        }
-        (Some(_), None) => {
-            println!("dmabuf_rxe: SKIPPED: vgem is not loaded (modprobe vgem)");
-            trials.push(
-                Trial::test("vgem_dmabuf_refused_by_a_nic_without_dmabuf", || Ok(()))
-                    .with_ignored_flag(true),
-            );
-        }
-    }
-    libtest_mimic::run(&args, trials).exit();
+        (None, _) => format!(
+            "no RDMA device{} here (devices: {}; scripts/rxe-vm runs this with Soft-RoCE)",
+            wanted.map(|w| format!(" {w}")).unwrap_or_default(),
+            if devices.is_empty() {
+                "none".to_string()
+            } else {
+                devices.join(", ")
+            }
+        ),
+        (Some(_), None) => "vgem is not loaded (modprobe vgem)".to_string(),
+    };
+    let trial = if rc_expected() {
+        println!("dmabuf_rxe: FAILED: this run expects rc, and {absent}");
+        Trial::test(NAME, move || {
+            Err(format!("this run expects rc, and {absent}").into())
+        })
+    } else {
+        println!("dmabuf_rxe: SKIPPED: {absent}");
+        Trial::ignorable_test(NAME, move || Ok(Completion::ignored_with(absent)))
+    };
+    libtest_mimic::run(&args, vec![trial]).exit();
 }
