@@ -3,6 +3,7 @@
 //! by name, with the reason.
 
 pub mod cases;
+pub mod delay;
 pub mod modules;
 pub mod pair;
 pub mod target;

@@ -121,6 +121,19 @@ impl Pair {
         })
     }
 
+    /// The same pair with its initiator iface and endpoint replaced by what
+    /// `wrap` makes of them (a test wrapper around them, see
+    /// [`crate::delay`]).
+    pub fn wrap(
+        mut self,
+        wrap: impl FnOnce(Box<dyn Iface>, Box<dyn Endpoint>) -> (Box<dyn Iface>, Box<dyn Endpoint>),
+    ) -> Pair {
+        let (tx, ep) = wrap(self.tx, self.ep);
+        self.tx = tx;
+        self.ep = ep;
+        self
+    }
+
     pub fn caps(&self) -> Caps {
         self.tx.attrs().caps
     }
