@@ -1,6 +1,7 @@
 //! A tcp listener fed 10,000 random frames by a hostile peer keeps serving:
-//! each nonsense frame closes only that connection, refused requests are
-//! answered with errors, and a good peer then completes a transfer.
+//! each nonsense frame closes only that connection, every request with a
+//! key that matches nothing is answered (decoded with tl-tcp's codec) with
+//! the error it deserves, and a good peer then completes a transfer.
 
 use std::io::{Read, Write};
 use std::net::{Ipv6Addr, SocketAddr, TcpStream};
@@ -8,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tl_tcp::wire::{encode, Header, WireAtomic, WireError, WireKey};
+use tl_tcp::wire::{encode, parse, Header, Parsed, WireAtomic, WireError, WireKey};
 use uct_core::{Access, Completion, EpParams, Registry, RkeyBundle, Status};
 
 struct Rng(u64);
@@ -24,7 +25,9 @@ impl Rng {
     }
 }
 
-fn random_frame(rng: &mut Rng) -> Vec<u8> {
+/// A random frame, and the request in it when it is one that must be
+/// answered (a put, a get or a fetching atomic).
+fn random_frame(rng: &mut Rng) -> (Vec<u8>, Option<Header>) {
     let key = WireKey {
         region_id: rng.next(),
         secret: rng.next(),
@@ -35,20 +38,20 @@ fn random_frame(rng: &mut Rng) -> Vec<u8> {
         // Pure noise.
         0 => {
             let n = 1 + (rng.next() % 64) as usize;
-            return rng.bytes(n);
+            return (rng.bytes(n), None);
         }
         // A plausible prefix, then a header that does not decode.
         1 => {
             let mut f = 16u32.to_le_bytes().to_vec();
             f.extend_from_slice(&0u32.to_le_bytes());
             f.extend(rng.bytes(16));
-            return f;
+            return (f, None);
         }
         // A data length far beyond the limit.
         2 => {
             let mut f = 4u32.to_le_bytes().to_vec();
             f.extend_from_slice(&u32::MAX.to_le_bytes());
-            return f;
+            return (f, None);
         }
         // A reply sent as a request.
         3 => Header::FlushReply { req },
@@ -84,7 +87,100 @@ fn random_frame(rng: &mut Rng) -> Vec<u8> {
     };
     let mut f = encode(&header, data.len()).unwrap();
     f.extend(data);
-    f
+    let request = matches!(
+        header,
+        Header::Put { .. } | Header::Get { .. } | Header::Atomic { .. }
+    );
+    (f, request.then_some(header))
+}
+
+/// Reads the next whole frame from `conn` into `buf` (progressing the
+/// listener meanwhile) and decodes it.
+fn read_reply(
+    conn: &mut TcpStream,
+    rx: &mut Box<dyn uct_core::Iface>,
+    buf: &mut Vec<u8>,
+    request: &Header,
+) -> Header {
+    let t0 = Instant::now();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match parse(buf, usize::MAX).expect("the listener's reply decodes") {
+            Parsed::Frame { header, total, .. } => {
+                buf.drain(..total);
+                return header;
+            }
+            Parsed::Incomplete | Parsed::HeaderOnly { .. } => {}
+        }
+        rx.progress();
+        match conn.read(&mut chunk) {
+            Ok(0) => panic!("the listener closed the connection without answering {request:?}"),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("reading the answer to {request:?}: {e}"),
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no answer to {request:?} in 10 s"
+        );
+    }
+}
+
+/// The answer a request whose key matches no region must get: the error
+/// the target finds first (the size of a get, the width and alignment of
+/// an atomic, then the region), for the same request id.
+fn check_reply(request: &Header, reply: &Header, max_data: usize) {
+    let no_region = |key: &WireKey| WireError::NoSuchRegion {
+        region_id: key.region_id,
+    };
+    let ok = match (request, reply) {
+        (Header::Put { req, key, .. }, Header::Nack { req: r, error }) => {
+            r == req && *error == no_region(key)
+        }
+        (
+            Header::Get { req, key, len, .. },
+            Header::GetReply {
+                req: r,
+                error: Some(error),
+            },
+        ) => {
+            r == req
+                && if *len as usize > max_data {
+                    matches!(error, WireError::Other(m) if m.contains("exceeds"))
+                } else {
+                    *error == no_region(key)
+                }
+        }
+        (
+            Header::Atomic {
+                req,
+                key,
+                addr,
+                width,
+                ..
+            },
+            Header::AtomicReply {
+                req: r,
+                error: Some(error),
+                ..
+            },
+        ) => {
+            r == req
+                && if *width != 4 && *width != 8 {
+                    matches!(error, WireError::Other(m) if m.contains("atomic width"))
+                } else if addr % *width as u64 != 0 {
+                    *error
+                        == WireError::Misaligned {
+                            addr: *addr,
+                            align: *width as u64,
+                        }
+                } else {
+                    *error == no_region(key)
+                }
+        }
+        _ => false,
+    };
+    assert!(ok, "{request:?} was answered {reply:?}");
 }
 
 fn connect(addr: SocketAddr) -> TcpStream {
@@ -124,12 +220,22 @@ fn ten_thousand_random_frames_then_a_good_transfer() {
         port,
     );
 
+    let max_data = rx.attrs().get.max_zcopy;
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
     let mut conn = connect(addr);
     let mut reconnects = 0;
+    let mut answered = 0;
     let mut sink = vec![0u8; 1 << 16];
+    // Whether a frame that may close the connection went on it: a request
+    // then goes on a fresh one, so that its answer cannot be lost.
+    let mut tainted = false;
     for _ in 0..10_000 {
-        let frame = random_frame(&mut rng);
+        let (frame, request) = random_frame(&mut rng);
+        if request.is_some() && tainted {
+            conn = connect(addr);
+            reconnects += 1;
+        }
+        tainted = request.is_none();
         let mut sent = 0;
         let t0 = Instant::now();
         while sent < frame.len() {
@@ -149,8 +255,16 @@ fn ten_thousand_random_frames_then_a_good_transfer() {
                 "listener stopped reading"
             );
         }
+        if let Some(request) = request {
+            let mut buf = Vec::new();
+            let reply = read_reply(&mut conn, &mut rx, &mut buf, &request);
+            check_reply(&request, &reply, max_data);
+            assert!(buf.is_empty(), "more than one answer to {request:?}");
+            answered += 1;
+            continue;
+        }
         rx.progress();
-        // Drain replies so the peer's buffers never fill; a closed
+        // Drain what else comes so the peer's buffers never fill; a closed
         // connection is replaced.
         loop {
             match conn.read(&mut sink) {
@@ -167,6 +281,10 @@ fn ten_thousand_random_frames_then_a_good_transfer() {
     assert!(
         reconnects > 100,
         "nonsense frames should close their connections ({reconnects})"
+    );
+    assert!(
+        answered > 2000,
+        "only {answered} requests were sent and answered"
     );
 
     // A good peer still completes a put, a get and an active message.

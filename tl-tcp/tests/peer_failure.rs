@@ -76,6 +76,23 @@ fn wait(
     (t0.elapsed(), Some(comp.result()))
 }
 
+/// What tcp reports for a dead peer: EndpointFailed (a reset, or a closed
+/// link), Canceled (operations pending on a connection that closed), Io
+/// (a socket error) or Timeout (UCT_TCP_PEER_TIMEOUT).
+fn peer_error(what: &str, e: &UctError) -> Result<(), String> {
+    if matches!(
+        e,
+        UctError::EndpointFailed(_)
+            | UctError::Canceled(_)
+            | UctError::Io { .. }
+            | UctError::Timeout(_)
+    ) {
+        Ok(())
+    } else {
+        Err(format!("{what} failed with {e:?}, not a peer error"))
+    }
+}
+
 fn killed_peer() -> Result<(), Failed> {
     let mut child = Command::new(std::env::current_exe()?)
         .env("UCT_TCP_TEST_ROLE", "server")
@@ -99,7 +116,7 @@ fn killed_peer() -> Result<(), Failed> {
     })?;
     let local = tx.md().alloc(64 << 10, MemoryType::Host, Access::all())?;
 
-    // A healthy stream first.
+    // A healthy stream first: every put completes, without an error.
     let comp = Completion::new();
     for i in 0..64u64 {
         let iov = [Iov::whole(&local)];
@@ -113,12 +130,23 @@ fn killed_peer() -> Result<(), Failed> {
     let _ = ep.flush(Some(&flush))?;
     let (_, r) = wait(tx.as_mut(), &flush, Duration::from_secs(20));
     r.ok_or("flush to the live peer did not complete")??;
+    if !comp.is_complete() {
+        return Err("puts to the live peer still pending after the flush".into());
+    }
+    comp.result()
+        .map_err(|e| format!("a put to the live peer failed: {e}"))?;
 
-    // Kill it in the middle of the next stream.
-    let comp = Completion::new();
+    // Kill it in the middle of the next stream; each put has its own
+    // completion.
+    let mut comps = Vec::new();
     for i in 0..32u64 {
         let iov = [Iov::whole(&local)];
-        let _ = ep.put_zcopy(&iov, base + (i % 16) * (64 << 10), &rkey, Some(&comp));
+        let comp = Completion::new();
+        match ep.put_zcopy(&iov, base + (i % 16) * (64 << 10), &rkey, Some(&comp)) {
+            Ok(_) => comps.push((i, comp)),
+            Err(e) if i > 8 => peer_error(&format!("put {i}, posted after the kill"), &e)?,
+            Err(e) => return Err(format!("put {i} to the live peer failed: {e}").into()),
+        }
         if i == 8 {
             child.kill()?;
             child.wait()?;
@@ -128,20 +156,43 @@ fn killed_peer() -> Result<(), Failed> {
     let posted = ep.flush(Some(&flush));
     let limit = Duration::from_millis(TIMEOUT_MS * 4);
     match posted {
-        Err(e) => println!("peer_failure: flush after kill refused at once: {e}"),
+        Err(e) => {
+            peer_error("the flush after the kill", &e)?;
+            println!("peer_failure: flush after kill refused at once: {e}");
+        }
         Ok(_) => {
             let (took, r) = wait(tx.as_mut(), &flush, limit);
             let r = r.ok_or(format!(
                 "pending flush still pending {limit:?} after the peer died"
             ))?;
             let e = r.err().ok_or("flush to a killed peer succeeded")?;
+            peer_error("the flush after the kill", &e)?;
             println!("peer_failure: pending flush failed after {took:?}: {e}");
         }
     }
-    // The puts in flight when it died have all completed, one way or another.
-    let (_, r) = wait(tx.as_mut(), &comp, limit);
-    r.ok_or(format!("puts still pending {limit:?} after the peer died"))?
-        .ok();
+    // The endpoint has reported the peer dead: a put still pending then
+    // must not succeed later. Every put completes, one way or another,
+    // with success (it was on the wire before) or a peer error.
+    let pending: Vec<u64> = comps
+        .iter()
+        .filter(|(_, comp)| !comp.is_complete())
+        .map(|(i, _)| *i)
+        .collect();
+    for (i, comp) in &comps {
+        let (_, r) = wait(tx.as_mut(), comp, limit);
+        match r.ok_or(format!(
+            "put {i} still pending {limit:?} after the peer died"
+        ))? {
+            Ok(()) if pending.contains(i) => {
+                return Err(format!(
+                    "put {i} was pending when the flush reported the peer dead, then succeeded"
+                )
+                .into())
+            }
+            Ok(()) => {}
+            Err(e) => peer_error(&format!("put {i}"), &e)?,
+        }
+    }
 
     // Later operations fail at once, with an error.
     let e = ep
