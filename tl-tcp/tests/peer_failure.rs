@@ -136,20 +136,30 @@ fn killed_peer() -> Result<(), Failed> {
     comp.result()
         .map_err(|e| format!("a put to the live peer failed: {e}"))?;
 
-    // Kill it in the middle of the next stream; each put has its own
-    // completion.
+    // Kill it in the middle of the next stream, with puts still queued
+    // (posted until the send queue is full, without progress); each put
+    // has its own completion.
     let mut comps = Vec::new();
-    for i in 0..32u64 {
+    for i in 0..1000u64 {
+        let iov = [Iov::whole(&local)];
+        let comp = Completion::new();
+        match ep.put_zcopy(&iov, base + (i % 16) * (64 << 10), &rkey, Some(&comp))? {
+            Status::NoResource => break,
+            _ => comps.push((i, comp)),
+        }
+    }
+    let queued = comps.iter().filter(|(_, comp)| !comp.is_complete()).count();
+    if queued == 0 {
+        return Err("no put was still queued when the peer was killed: this proves nothing".into());
+    }
+    child.kill()?;
+    child.wait()?;
+    for i in 1000..1016u64 {
         let iov = [Iov::whole(&local)];
         let comp = Completion::new();
         match ep.put_zcopy(&iov, base + (i % 16) * (64 << 10), &rkey, Some(&comp)) {
             Ok(_) => comps.push((i, comp)),
-            Err(e) if i > 8 => peer_error(&format!("put {i}, posted after the kill"), &e)?,
-            Err(e) => return Err(format!("put {i} to the live peer failed: {e}").into()),
-        }
-        if i == 8 {
-            child.kill()?;
-            child.wait()?;
+            Err(e) => peer_error(&format!("put {i}, posted after the kill"), &e)?,
         }
     }
     let flush = Completion::new();
