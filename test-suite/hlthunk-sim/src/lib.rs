@@ -7,20 +7,21 @@
 //! `sim`, and `hlthunk_sim_describe` says what it is).
 //!
 //! What it simulates, per device: an exclusive open, DRAM of a fixed size
-//! (allocations count against it; no memory backs them, the CPU cannot
-//! touch device memory anyway), mappings to
-//! device virtual addresses, and DMA-buf export with the kernel driver's
+//! (allocations count against it; no memory backs them, as the CPU cannot
+//! touch device memory anyway), mappings to device virtual addresses, and
+//! DMA-buf export with the kernel driver's
 //! checks: the address must be the start of a mapping (not a handle); the
 //! offset page-aligned and `offset + size` inside the mapping; size at least
 //! a page; flags exactly `O_RDWR | O_CLOEXEC`.
 //!
 //! DMA-buf exports are tracked as the habanalabs driver tracks them
-//! (`drivers/accel/habanalabs/common/memory.c`, read for this; none of its
-//! code is used here):
+//! (Linux `drivers/accel/habanalabs/common/memory.c`, as of torvalds/linux
+//! 0791faeb; read for this, none of its code is used here):
 //! - `export_dmabuf_from_addr` takes an export reference on the mapping
 //!   (`memhash_node_export_get` raises the mapping's `export_cnt`), and
-//!   `export_dmabuf` holds the device file open (`get_file` on the device
-//!   fd, with a context reference) until the DMA-buf is released;
+//!   `export_dmabuf` holds the context (`hl_ctx_get`) and the device file
+//!   (`get_file`; older kernels hold the context only, to the same effect)
+//!   until the DMA-buf is released;
 //! - the release (`hl_release_dmabuf`, when the last reference to the
 //!   DMA-buf goes: every fd and every importer such as an RDMA MR) drops
 //!   both;

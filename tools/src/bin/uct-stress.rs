@@ -75,11 +75,15 @@ struct CycleReport<'a> {
 }
 
 impl CycleReport<'_> {
-    /// The steps of one cycle, named for what they do: an MD's `alloc`
-    /// registers with that MD only; a NIC registration is named with the
-    /// NIC's MD.
+    /// The steps of one cycle, named for what they do: an MD's `alloc` of
+    /// host memory registers it with that MD only (a NIC only when the MD is
+    /// a NIC's); device memory is exported as a DMA-buf instead; `--nic`
+    /// adds a registration named with the NIC's MD.
     fn steps(&self) -> String {
         let mut steps = vec!["alloc".to_string()];
+        if self.mem_type.is_host_accessible() {
+            steps.push(format!("register with {}", self.md));
+        }
         if self.queried {
             if self.mem_type.is_host_accessible() {
                 steps.push("query".into());
@@ -106,13 +110,8 @@ impl CycleReport<'_> {
         } else {
             format!("x{}", self.done)
         };
-        let nic = if self.nic_md.is_none() && self.mem_type.is_host_accessible() {
-            " (no NIC registration: --nic adds one)"
-        } else {
-            ""
-        };
         format!(
-            "mem-cycles: {} {} {count} on {}{nic} in {:.1}s; fds {} before and after",
+            "mem-cycles: {} {} {count} on {} in {:.1}s; fds {} before and after",
             self.mem_type,
             self.steps(),
             self.md,
@@ -380,13 +379,12 @@ mod tests {
             queried: false,
             ..report(1, 1)
         };
-        assert_eq!(host.steps(), "alloc/free");
+        assert_eq!(host.steps(), "alloc/register with posix/free");
         let line = host.line();
         assert!(
-            line.contains("host alloc/free x1 on posix (no NIC registration"),
+            line.contains("host alloc/register with posix/free x1 on posix in"),
             "{line}"
         );
-        assert!(!line.contains("register"), "{line}");
     }
 
     #[test]
@@ -398,7 +396,10 @@ mod tests {
             "{line}"
         );
         let line = mem_cycles("posix", None, 3, 4096, 60).expect("mem-cycles on posix");
-        assert!(line.contains("host alloc/free x3 on posix"), "{line}");
+        assert!(
+            line.contains("host alloc/register with posix/free x3 on posix"),
+            "{line}"
+        );
         assert!(
             mem_cycles("posix", None, 3, 4096, 0).is_err(),
             "no cycle ran"
