@@ -573,6 +573,24 @@ mod tests {
     }
 
     #[test]
+    fn ids_just_outside_the_queue_are_stray_and_post_says_who_is_first() {
+        let mut tx = Tracker::new("rxe0:1", 256);
+        let first = tx.plan(Signal::Moderated);
+        assert!(tx.post(first, op(0)), "the only operation outstanding");
+        let second = tx.plan(Signal::Moderated);
+        assert!(!tx.post(second, op(1)), "not the only one");
+        // One past the newest, and the id limit.
+        for wr_id in [second.seq + 1, SEQ_LIMIT] {
+            assert!(matches!(ok(&mut tx, wr_id)[..], [TxEvent::Stray { .. }]));
+        }
+        assert_eq!(tx.outstanding(), 2);
+        // From id 0, the limit itself would wrap onto the oldest post.
+        let mut tx = Tracker::starting_at("rxe0:1", 256, 0);
+        post_n(&mut tx, 0, 1);
+        assert!(matches!(ok(&mut tx, SEQ_LIMIT)[..], [TxEvent::Stray { .. }]));
+    }
+
+    #[test]
     fn an_error_with_an_unknown_id_still_fails_the_endpoint() {
         let mut tx = Tracker::new("rxe0:1", 256);
         post_n(&mut tx, 0, 3);
