@@ -587,7 +587,10 @@ mod tests {
         // From id 0, the limit itself would wrap onto the oldest post.
         let mut tx = Tracker::starting_at("rxe0:1", 256, 0);
         post_n(&mut tx, 0, 1);
-        assert!(matches!(ok(&mut tx, SEQ_LIMIT)[..], [TxEvent::Stray { .. }]));
+        assert!(matches!(
+            ok(&mut tx, SEQ_LIMIT)[..],
+            [TxEvent::Stray { .. }]
+        ));
     }
 
     #[test]
