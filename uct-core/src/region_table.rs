@@ -245,4 +245,62 @@ mod tests {
             .access(r.key(), u64::MAX - 8, u64::MAX, Access::REMOTE_READ, |_| ())
             .is_err());
     }
+
+    #[test]
+    fn the_sender_precheck_refuses_what_the_target_would() {
+        let key = SoftRkey {
+            region_id: 1,
+            secret: 2,
+            base: 0x1000,
+            len: 0x100,
+            access: Access::REMOTE_READ,
+        };
+        assert!(key.precheck(0x1000, 0x100, Access::REMOTE_READ).is_ok());
+        assert!(matches!(
+            key.precheck(0x10f8, 0x10, Access::REMOTE_READ),
+            Err(UctError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            key.precheck(0xff8, 8, Access::REMOTE_READ),
+            Err(UctError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            key.precheck(0x1000, 8, Access::REMOTE_WRITE),
+            Err(UctError::AccessDenied { .. })
+        ));
+    }
+
+    #[test]
+    fn secrets_differ_between_registrations() {
+        let table = RegionTable::new();
+        let regs: Vec<Registration> = (0..32)
+            .map(|i| table.insert(0x1000 * (i + 1), 0x100, Access::all()))
+            .collect();
+        let mut secrets: Vec<u64> = regs.iter().map(|r| r.key().secret).collect();
+        secrets.sort_unstable();
+        secrets.dedup();
+        assert_eq!(
+            secrets.len(),
+            regs.len(),
+            "two registrations share a secret"
+        );
+        assert!(secrets.iter().all(|&s| s > 1), "a guessable secret");
+    }
+
+    #[test]
+    fn find_containing_covers_exactly_the_region() {
+        let table = RegionTable::new();
+        assert!(table.is_empty());
+        assert_eq!(table.find_containing(0x2000), None);
+        let reg = table.insert(0x2000, 0x100, Access::all());
+        assert_eq!((table.len(), table.is_empty()), (1, false));
+        for inside in [0x2000, 0x2080, 0x20ff] {
+            assert_eq!(table.find_containing(inside), Some((0x2000, 0x100)));
+        }
+        for outside in [0x1fff, 0x2100, 0] {
+            assert_eq!(table.find_containing(outside), None, "{outside:#x}");
+        }
+        drop(reg);
+        assert!(table.is_empty());
+    }
 }
