@@ -28,6 +28,21 @@ check() {
     fi
 }
 
+# Like check, but a pass shows what the command itself reported on its last
+# line (its real counts), after `prefix: ` is stripped, then `suffix`.
+check_reported() {
+    local name=$1 prefix=$2 suffix=$3
+    shift 3
+    local out
+    if out=$("$@" 2>&1); then
+        out=$(tail -n 1 <<<"$out")
+        pass "${out#"$prefix": }$suffix"
+    else
+        fail "$name"
+        printf '%s\n' "$out" | sed 's/^/      /' | tail -n 15
+    fi
+}
+
 need_bins() {
     local b
     for b in "$@"; do

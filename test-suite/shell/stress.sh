@@ -18,7 +18,7 @@ ST="$BIN_DIR/uct-stress"
 echo "-- alloc/export/register cycles"
 if [ -e "$SIM_LIB" ]; then
     for g in gaudi0 gaudi1; do
-        check "gaudi alloc/export/query/free x2000 on $g (hl-thunk simulator, test double)" \
+        check_reported "gaudi alloc/export/query/free on $g" mem-cycles " (hl-thunk simulator, test double)" \
             env UCT_GAUDI_HLTHUNK_LIB="$SIM_LIB" "$ST" mem-cycles --md "$g" --count 2000 --seconds "$SECS"
     done
     if present rc; then
@@ -40,14 +40,14 @@ else
 fi
 for md in posix cma tcp; do
     if present "$md"; then
-        check "host alloc/register/free x2000 on $md" "$ST" mem-cycles --md "$md" --count 2000 --seconds "$SECS"
+        check_reported "host alloc/register with $md/free on $md" mem-cycles "" "$ST" mem-cycles --md "$md" --count 2000 --seconds "$SECS"
     else
-        absent "$md" "host alloc/register/free on $md: transport absent ($(absent_reason "$md"))"
+        absent "$md" "host alloc/register with $md/free on $md: transport absent ($(absent_reason "$md"))"
     fi
 done
 if present rc; then
     nic_md=$(awk '/^# Memory domain: /{md=$4} /^# +Transport: rc$/{print md; exit}' <<<"$devices")
-    check "host alloc/register/free x500 on the NIC ($nic_md)" "$ST" mem-cycles --md "$nic_md" --count 500 --seconds "$SECS"
+    check_reported "host alloc/register with $nic_md/free on the NIC ($nic_md)" mem-cycles "" "$ST" mem-cycles --md "$nic_md" --count 500 --seconds "$SECS"
 else
     absent rc "host alloc/register/free on a NIC: rc absent ($(absent_reason rc))"
 fi

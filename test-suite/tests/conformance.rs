@@ -276,12 +276,12 @@ fn main() {
         .filter(|resource| wanted(&resource.tl.transport))
     {
         let tl = resource.tl.transport.clone();
-        let caps =
+        let attrs =
             match resource
                 .component
                 .open_iface(&resource.md, &resource.tl, &Default::default())
             {
-                Ok(i) => i.attrs().caps,
+                Ok(i) => i.attrs().clone(),
                 Err(e) => {
                     println!(
                         "conformance: transport {tl} is listed but its iface does not open: {e}"
@@ -308,7 +308,7 @@ fn main() {
             }
             for case in all_cases() {
                 let name = format!("{tl}::{}::{}", mode.name(), case.name);
-                if let Some(why) = not_applicable(&case, caps, soft, mode) {
+                if let Some(why) = not_applicable(&case, &attrs, soft, mode) {
                     println!("conformance: {name} not applicable: {why}");
                     trials.push(not_run(name, &tally, key.clone(), why, false));
                     continue;

@@ -21,9 +21,7 @@ fn sim() -> String {
 
 fn cmd(bin: &str) -> Command {
     let mut c = Command::new(bin);
-    // UCT_TEST_EXPECT is for the tests; the tools would warn about it.
     c.env_remove("UCT_TLS")
-        .env_remove("UCT_TEST_EXPECT")
         .env("UCT_GAUDI_HLTHUNK_LIB", sim());
     c
 }
@@ -44,7 +42,6 @@ fn rc_absent() -> Option<String> {
     let o = Command::new(env!("CARGO_BIN_EXE_transport-info"))
         .args(["-t", "rc"])
         .env_remove("UCT_TLS")
-        .env_remove("UCT_TEST_EXPECT")
         .output()
         .ok()?;
     (!o.status.success()).then(|| text(&o.stderr).trim().to_string())

@@ -5,6 +5,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// Variables with this prefix belong to test harnesses (for example
+/// `UCT_TEST_EXPECT`, the transports a test run requires) and are never
+/// reported as unknown.
+pub const TEST_PREFIX: &str = "UCT_TEST_";
+
 /// Errors of the configuration layer.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum ConfigError {
@@ -304,6 +309,8 @@ impl Config {
     ) -> Vec<UnknownVar> {
         let mut out: Vec<UnknownVar> = names
             .filter(|n| n.starts_with("UCT_") && !self.entries.contains_key(*n))
+            // Reserved for test harnesses (UCT_TEST_EXPECT): not ours to read.
+            .filter(|n| !n.starts_with(TEST_PREFIX))
             .filter(|n| !foreign_prefixes.iter().any(|p| n.starts_with(p.as_str())))
             .map(|n| UnknownVar {
                 name: n.to_string(),
@@ -476,7 +483,7 @@ mod tests {
     fn unknown_variable_gets_closest_name() {
         let cfg = Config::from_lookup(&[], |_| None).unwrap();
         let u = cfg.unknown_vars_in(
-            ["UCT_TSL", "UCT_IB_FOO", "PATH"].into_iter(),
+            ["UCT_TSL", "UCT_IB_FOO", "PATH", "UCT_TEST_EXPECT"].into_iter(),
             &["UCT_IB_".into()],
         );
         assert_eq!(u.len(), 1);
