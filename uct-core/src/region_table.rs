@@ -62,9 +62,16 @@ fn random_u64() -> u64 {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
-        return t ^ (&bytes as *const _ as u64).rotate_left(32);
+        return mix_fallback(t, &bytes as *const _ as u64);
     }
     u64::from_ne_bytes(bytes)
+}
+
+/// The fallback secret from a time and an address: for either input fixed,
+/// distinct values of the other give distinct secrets, so neither alone
+/// makes the secret guessable.
+fn mix_fallback(time: u64, address: u64) -> u64 {
+    time ^ address.rotate_left(32)
 }
 
 fn check_range(base: u64, region_len: u64, addr: u64, len: u64) -> Result<()> {
@@ -302,5 +309,18 @@ mod tests {
         }
         drop(reg);
         assert!(table.is_empty());
+    }
+
+    #[test]
+    fn the_fallback_secret_depends_on_both_inputs() {
+        for fixed in [0, u64::MAX, 0x1234_5678_9abc_def0] {
+            let mut by_address: Vec<u64> = (0..64).map(|a| mix_fallback(fixed, a << 3)).collect();
+            let mut by_time: Vec<u64> = (0..64).map(|t| mix_fallback(t * 977, fixed)).collect();
+            for secrets in [&mut by_address, &mut by_time] {
+                secrets.sort_unstable();
+                secrets.dedup();
+                assert_eq!(secrets.len(), 64, "inputs collide with {fixed:#x} fixed");
+            }
+        }
     }
 }
