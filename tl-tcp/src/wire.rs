@@ -330,4 +330,163 @@ mod tests {
             let _ = parse(&b, 1 << 20);
         }
     }
+
+    const KEY: WireKey = WireKey {
+        region_id: 3,
+        secret: 0x5ec2e7,
+    };
+
+    /// A frame prefix claiming `header_len` header and `data_len` data bytes.
+    fn prefix(header_len: u32, data_len: u32) -> Vec<u8> {
+        let mut p = header_len.to_le_bytes().to_vec();
+        p.extend_from_slice(&data_len.to_le_bytes());
+        p
+    }
+
+    /// The encoded frame of `header` with `data_len` data bytes (all 0xab).
+    fn frame(header: &Header, data_len: usize) -> Vec<u8> {
+        let mut f = encode(header, data_len).unwrap();
+        f.resize(f.len() + data_len, 0xab);
+        f
+    }
+
+    #[test]
+    fn fewer_than_eight_bytes_are_incomplete_whatever_they_hold() {
+        for len in 0..PREFIX {
+            for fill in [0u8, 0xff] {
+                assert_eq!(parse(&vec![fill; len], 1 << 20), Ok(Parsed::Incomplete));
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_header_length_is_refused_as_soon_as_the_prefix_is_here() {
+        for header_len in [0, MAX_HEADER as u32 + 1, u32::MAX] {
+            let p = prefix(header_len, 0);
+            let e = parse(&p, 1 << 20).unwrap_err();
+            assert!(e.contains("header length"), "{header_len}: {e}");
+            // More bytes change nothing.
+            let mut more = p.clone();
+            more.resize(PREFIX + MAX_HEADER + 8, 0);
+            assert_eq!(parse(&more, 1 << 20), Err(e));
+        }
+    }
+
+    #[test]
+    fn a_header_of_max_header_bytes_is_waited_for_and_then_decoded() {
+        let p = prefix(MAX_HEADER as u32, 0);
+        assert_eq!(parse(&p, 1 << 20), Ok(Parsed::Incomplete));
+        // A real header padded to MAX_HEADER bytes: the length is taken, the
+        // padding is refused as what it is.
+        let mut f = p;
+        f.extend_from_slice(&postcard::to_stdvec(&Header::Flush { req: 1 }).unwrap());
+        assert_eq!(parse(&f, 1 << 20), Ok(Parsed::Incomplete));
+        f.resize(PREFIX + MAX_HEADER, 0);
+        let e = parse(&f, 1 << 20).unwrap_err();
+        assert!(e.contains("trailing"), "{e}");
+    }
+
+    #[test]
+    fn data_up_to_max_data_is_taken_one_byte_more_is_refused_at_the_prefix() {
+        let put = Header::Put {
+            req: 1,
+            key: KEY,
+            addr: 0x1000,
+        };
+        for max_data in [0, 1, 100, 1 << 20] {
+            let f = frame(&put, max_data);
+            let head = f.len() - max_data;
+            assert_eq!(
+                parse(&f, max_data),
+                Ok(Parsed::Frame {
+                    header: put.clone(),
+                    data_at: head,
+                    data_len: max_data,
+                    total: f.len(),
+                })
+            );
+            let over = encode(&put, max_data + 1).unwrap();
+            let e = parse(&over[..PREFIX], max_data).unwrap_err();
+            assert_eq!(
+                e,
+                format!("frame data length {} exceeds {max_data}", max_data + 1)
+            );
+        }
+    }
+
+    #[test]
+    fn requests_and_replies_of_fixed_size_refuse_data_the_others_carry_it() {
+        let error = WireError::BadSecret;
+        let fixed = [
+            Header::Get {
+                req: 1,
+                key: KEY,
+                addr: 8,
+                len: 8,
+            },
+            Header::Atomic {
+                req: 2,
+                key: KEY,
+                addr: 8,
+                width: 8,
+                op: WireAtomic::CompareSwap { compare: 5 },
+                value: 6,
+            },
+            Header::AtomicReply {
+                req: 3,
+                old: 4,
+                error: None,
+            },
+            Header::Flush { req: 4 },
+            Header::FlushReply { req: 5 },
+            Header::Nack {
+                req: 6,
+                error: error.clone(),
+            },
+        ];
+        for h in &fixed {
+            assert_eq!(check_data_len(h, 0), Ok(()));
+            let f = frame(h, 0);
+            assert!(
+                matches!(parse(&f, 1 << 20), Ok(Parsed::Frame { ref header, total, .. })
+                    if header == h && total == f.len()),
+                "{h:?}"
+            );
+            for n in [1, 8, 4096] {
+                let e = check_data_len(h, n).unwrap_err();
+                assert!(e.contains(&format!("carries {n} unexpected")), "{e}");
+                // parse refuses it from the header on, before the data came.
+                let f = frame(h, n);
+                assert_eq!(parse(&f[..f.len() - n], 1 << 20), Err(e.clone()));
+                assert_eq!(parse(&f, 1 << 20), Err(e));
+            }
+        }
+        let carrying = [
+            Header::Am { id: 7 },
+            Header::Put {
+                req: 1,
+                key: KEY,
+                addr: 8,
+            },
+            Header::GetReply {
+                req: 1,
+                error: None,
+            },
+            Header::GetReply {
+                req: 1,
+                error: Some(error),
+            },
+        ];
+        for h in &carrying {
+            for n in [0, 1, 4096] {
+                assert_eq!(check_data_len(h, n), Ok(()), "{h:?}");
+                let f = frame(h, n);
+                assert!(
+                    matches!(parse(&f, 1 << 20), Ok(Parsed::Frame { ref header, data_len, total, .. })
+                        if header == h && data_len == n && total == f.len()),
+                    "{h:?} with {n}"
+                );
+            }
+        }
+    }
 }

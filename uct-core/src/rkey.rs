@@ -381,4 +381,170 @@ mod tests {
         // Noise never carries the magic, so none of it can be a key.
         assert_eq!(tally[3].accepted, 0, "noise accepted: {:?}", tally[3]);
     }
+
+    fn entry(component: &str, md: &str, payload: Vec<u8>) -> RkeyEntry {
+        RkeyEntry {
+            component: component.into(),
+            md: md.into(),
+            payload,
+        }
+    }
+
+    /// Bytes a peer could send: the rkey format with entries this side's
+    /// `push` and `pack` would never produce (too many, too large, bad names).
+    fn forged(entries: Vec<RkeyEntry>) -> Vec<u8> {
+        postcard::to_stdvec(&Blob {
+            magic: RKEY_MAGIC,
+            version: RKEY_VERSION,
+            entries,
+        })
+        .unwrap()
+    }
+
+    fn bad_rkey<T: fmt::Debug>(r: Result<T>) -> String {
+        match r {
+            Err(UctError::BadRkey(m)) => m,
+            other => panic!("expected BadRkey, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn push_keeps_other_mds_and_replaces_the_same_md() {
+        let mut b = RkeyBundle::new();
+        b.push(entry("ib", "mlx5_0", vec![1])).unwrap();
+        b.push(entry("ib", "mlx5_1", vec![2])).unwrap();
+        b.push(entry("tcp", "tcp", vec![3])).unwrap();
+        assert_eq!(
+            b.entries(),
+            [
+                entry("ib", "mlx5_0", vec![1]),
+                entry("ib", "mlx5_1", vec![2]),
+                entry("tcp", "tcp", vec![3]),
+            ]
+        );
+        // The same component and MD again: the old entry goes, the new one
+        // is the only one for that MD.
+        b.push(entry("ib", "mlx5_0", vec![4])).unwrap();
+        assert_eq!(
+            b.entries(),
+            [
+                entry("ib", "mlx5_1", vec![2]),
+                entry("tcp", "tcp", vec![3]),
+                entry("ib", "mlx5_0", vec![4]),
+            ]
+        );
+        assert_eq!(b.find("mlx5_0").unwrap().payload, [4]);
+    }
+
+    #[test]
+    fn push_holds_at_most_sixteen_mds_but_replacing_one_of_them_is_fine() {
+        let mut b = RkeyBundle::new();
+        for i in 0..16 {
+            b.push(entry("ib", &format!("mlx5_{i}"), vec![i])).unwrap();
+        }
+        assert!(bad_rkey(b.push(entry("ib", "mlx5_16", vec![]))).contains("at most 16"));
+        b.push(entry("ib", "mlx5_3", vec![33])).unwrap();
+        assert_eq!(b.entries().len(), 16);
+        assert_eq!(b.find("mlx5_3").unwrap().payload, [33]);
+    }
+
+    #[test]
+    fn names_must_be_one_to_64_printable_name_bytes() {
+        let long = "m".repeat(64);
+        let too_long = "m".repeat(65);
+        let good = ["a", "Z9", "_-.:", long.as_str()];
+        let bad = ["", too_long.as_str(), "a b", "md/0", "é", "a\n", "a\0"];
+        for name in good {
+            let mut b = RkeyBundle::new();
+            b.push(entry(name, name, vec![1])).unwrap();
+            let bytes = b.pack().unwrap();
+            assert_eq!(RkeyBundle::unpack(&bytes).unwrap(), b, "{name:?}");
+        }
+        for name in bad {
+            // A bad component, a bad MD, or both: each is refused by push
+            // and, forged by a peer, by unpack.
+            for (component, md) in [("ib", name), (name, "mlx5_0"), (name, name)] {
+                let e = entry(component, md, vec![1]);
+                let mut b = RkeyBundle::new();
+                bad_rkey(b.push(e.clone()));
+                assert!(b.entries().is_empty(), "{component:?}/{md:?} was kept");
+                let m = bad_rkey(RkeyBundle::unpack(&forged(vec![e])));
+                assert!(m.contains("name"), "{component:?}/{md:?}: {m}");
+            }
+        }
+        // One bad entry among good ones spoils the key.
+        let bytes = forged(vec![
+            entry("ib", "mlx5_0", vec![1]),
+            entry("ib", "", vec![]),
+        ]);
+        bad_rkey(RkeyBundle::unpack(&bytes));
+    }
+
+    #[test]
+    fn unpack_takes_sixteen_entries_and_refuses_seventeen() {
+        let entries: Vec<RkeyEntry> = (0..17)
+            .map(|i| entry("ib", &format!("mlx5_{i}"), vec![i]))
+            .collect();
+        let sixteen = RkeyBundle::unpack(&forged(entries[..16].to_vec())).unwrap();
+        assert_eq!(sixteen.entries(), &entries[..16]);
+        let m = bad_rkey(RkeyBundle::unpack(&forged(entries)));
+        assert!(m.contains("17 entries"), "{m}");
+        // And none at all is no key either.
+        let m = bad_rkey(RkeyBundle::unpack(&forged(vec![])));
+        assert!(m.contains("no memory domain"), "{m}");
+    }
+
+    /// A one-entry key whose packed form is exactly `total` bytes (for
+    /// totals whose payload length takes three varint bytes).
+    fn entry_packing_to(total: usize) -> RkeyEntry {
+        let probe = RkeyBundle::single(entry("ib", "mlx5_0", vec![7; 20_000]));
+        let overhead = probe.pack().unwrap().len() - 20_000;
+        entry("ib", "mlx5_0", vec![7; total - overhead])
+    }
+
+    #[test]
+    fn a_key_of_exactly_64_kib_packs_and_unpacks_one_byte_more_does_not() {
+        assert_eq!(RKEY_MAX_BYTES, 65_536);
+        let at_limit = RkeyBundle::single(entry_packing_to(65_536));
+        let bytes = at_limit.pack().unwrap();
+        assert_eq!(bytes.len(), 65_536);
+        assert_eq!(RkeyBundle::unpack(&bytes).unwrap(), at_limit);
+
+        let over = RkeyBundle::single(entry_packing_to(65_537));
+        assert!(bad_rkey(over.pack()).contains("65537 bytes exceeds 65536"));
+        // A peer that sends it anyway: well-formed, but too large.
+        let bytes = forged(over.entries().to_vec());
+        assert_eq!(bytes.len(), 65_537);
+        let m = bad_rkey(RkeyBundle::unpack(&bytes));
+        assert!(m.contains("65537 bytes is more than"), "{m}");
+    }
+
+    #[test]
+    fn a_key_shorter_than_its_magic_and_version_says_how_short() {
+        for len in 0..=4 {
+            let m = bad_rkey(RkeyBundle::unpack(&b"UCTK"[..len]));
+            assert_eq!(m, format!("only {len} bytes"));
+        }
+        let m = bad_rkey(RkeyBundle::unpack(b"UCTJ\x01\x01"));
+        assert!(m.contains("magic"), "{m}");
+    }
+
+    #[test]
+    fn remote_key_names_its_component_and_md_and_downcasts_to_its_type() {
+        let key = RemoteKey::new("tcp", "tcp_lo", Box::new(42u64));
+        assert_eq!(key.component(), "tcp");
+        assert_eq!(key.md(), "tcp_lo");
+        assert_eq!(key.downcast::<u64>("tcp_lo").unwrap(), &42);
+        match key.downcast::<u32>("mlx5_0") {
+            Err(UctError::RkeyMismatch { expected, found }) => {
+                assert_eq!(expected, "memory domain mlx5_0");
+                assert_eq!(found, "memory domain tcp_lo of component tcp");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            format!("{key:?}"),
+            r#"RemoteKey { component: "tcp", md: "tcp_lo", .. }"#
+        );
+    }
 }
