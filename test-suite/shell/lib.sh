@@ -62,8 +62,18 @@ need_bins() {
 # FAIL; only what is not expected may be skipped.
 DEFAULT_EXPECT="self posix cma tcp loop gaudi0 gaudi1"
 [ -n "${RXE_VM_DEVICE:-}" ] && DEFAULT_EXPECT="$DEFAULT_EXPECT rc"
+KNOWN_COVERAGE=" self posix cma tcp loop rc gaudi0 gaudi1 "
 if [ -n "${UCT_TEST_EXPECT+set}" ]; then
     EXPECT=" $(tr ', ' '  ' <<<"$UCT_TEST_EXPECT") "
+    # An empty list would expect nothing, and a typo would expect a name no
+    # check looks for: both are errors, not a quiet narrowing.
+    if [ -z "${EXPECT// /}" ]; then
+        fail "UCT_TEST_EXPECT is set but names nothing; unset it for the default set, or name what this run needs"
+    fi
+    for name in $EXPECT; do
+        [[ "$KNOWN_COVERAGE" == *" $name "* ]] \
+            || fail "UCT_TEST_EXPECT names $name, which is none of:$KNOWN_COVERAGE"
+    done
 else
     EXPECT=" $DEFAULT_EXPECT "
 fi

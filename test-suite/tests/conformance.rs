@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use test_suite::pair::Mode;
 use test_suite::{all_cases, not_applicable, Pair};
-use uct_core::{Access, DeviceType, MemoryType, Registry, Resource};
+use uct_core::{Access, Caps, DeviceType, MemoryType, Registry, Resource};
 
 /// The transports this suite looks for, whatever the registry holds: a
 /// transport whose component is missing altogether is still named, with
@@ -38,6 +38,42 @@ const HOST_TRANSPORTS: &[&str] = &["self", "posix", "cma", "tcp", "loop"];
 /// shell suites).
 const OTHER_COVERAGE: &[&str] = &["gaudi0", "gaudi1"];
 
+/// What each expected transport must advertise at least: a transport that
+/// stops advertising a capability would otherwise turn its cases into "not
+/// applicable" and stay green. rc's atomics and inline puts depend on the
+/// device and are not required.
+fn required_caps(transport: &str) -> Option<Caps> {
+    let common = Caps::PUT_BCOPY
+        | Caps::PUT_ZCOPY
+        | Caps::GET_BCOPY
+        | Caps::GET_ZCOPY
+        | Caps::FLUSH
+        | Caps::FENCE;
+    let cpu_atomics = Caps::ATOMIC32 | Caps::ATOMIC64 | Caps::ATOMIC_SWAP;
+    Some(match transport {
+        "self" | "loop" => common | Caps::PUT_SHORT | Caps::GET_SHORT | Caps::AM | cpu_atomics,
+        "posix" => {
+            common
+                | Caps::PUT_SHORT
+                | Caps::GET_SHORT
+                | Caps::AM
+                | cpu_atomics
+                | Caps::ERRHANDLE_PEER_FAILURE
+        }
+        "cma" => common | Caps::PUT_SHORT | Caps::GET_SHORT | Caps::ERRHANDLE_PEER_FAILURE,
+        "tcp" => {
+            common
+                | Caps::PUT_SHORT
+                | Caps::AM
+                | cpu_atomics
+                | Caps::CONNECT_TO_EP
+                | Caps::ERRHANDLE_PEER_FAILURE
+        }
+        "rc" => common | Caps::AM | Caps::CONNECT_TO_EP | Caps::ERRHANDLE_PEER_FAILURE,
+        _ => return None,
+    })
+}
+
 /// Set by scripts/rxe-vm inside the VM to the RDMA device it brought up
 /// (rxe0): rc is then expected.
 const RXE_VM_DEVICE: &str = "RXE_VM_DEVICE";
@@ -50,6 +86,8 @@ struct Expected {
     left_out: Option<(String, Vec<String>)>,
     /// Names in `UCT_TEST_EXPECT` that no transport or known memory domain has.
     unknown: Vec<String>,
+    /// `UCT_TEST_EXPECT` is set but names nothing.
+    empty: bool,
 }
 
 /// The default expectation, narrowed or replaced by `UCT_TEST_EXPECT`, or
@@ -81,10 +119,16 @@ fn expected(reg: &Registry, only: Option<&str>) -> Expected {
                 .filter(|d| !named.contains(d))
                 .cloned()
                 .collect();
-            let transports = named.into_iter().filter(|n| known_transport(n)).collect();
+            let transports: Vec<String> = named
+                .iter()
+                .filter(|n| known_transport(n))
+                .cloned()
+                .collect();
             (transports, Some((value, left)), unknown)
         }
     };
+    let empty = std::env::var("UCT_TEST_EXPECT")
+        .is_ok_and(|value| value.split(',').all(|name| name.trim().is_empty()));
     if let Some(tl) = only {
         transports = vec![tl.to_string()];
     }
@@ -92,6 +136,7 @@ fn expected(reg: &Registry, only: Option<&str>) -> Expected {
         transports,
         left_out,
         unknown,
+        empty,
     }
 }
 
@@ -234,6 +279,23 @@ fn main() {
             false,
         ));
     }
+    if expect.empty {
+        let why = "UCT_TEST_EXPECT is set but names nothing, which would expect no transport at all; unset it for the default set, or name the transports this run needs".to_string();
+        println!("conformance: {why}");
+        trials.push(failing(
+            "expect::UCT_TEST_EXPECT".into(),
+            &tally,
+            "UCT_TEST_EXPECT".into(),
+            why,
+            false,
+        ));
+    }
+    // Checked again after the run whatever the filters: a filter or --skip
+    // must not hide a missing expected transport.
+    let mut coverage_errors: Vec<String> = Vec::new();
+    if expect.empty || !expect.unknown.is_empty() {
+        coverage_errors.push("UCT_TEST_EXPECT is empty or names unknown transports".into());
+    }
     let mut looked_for: Vec<String> = EXPECTED_TRANSPORTS.iter().map(|t| t.to_string()).collect();
     for t in reg
         .transport_names()
@@ -252,6 +314,7 @@ fn main() {
         let reason = reg.explain_absent(tl);
         if expect.transports.iter().any(|e| e == tl) {
             println!("conformance: MISSING transport {tl}, which this run expects: {reason}");
+            coverage_errors.push(format!("transport {tl} is expected and missing: {reason}"));
             trials.push(failing(
                 format!("{tl}::present"),
                 &tally,
@@ -296,6 +359,25 @@ fn main() {
                     continue;
                 }
             };
+        if let Some(required) = required_caps(&tl).filter(|_| expect.transports.contains(&tl)) {
+            let lacking = required - attrs.caps;
+            if !lacking.is_empty() {
+                let names: Vec<&str> = lacking.iter_names().map(|(name, _)| name).collect();
+                let why = format!(
+                    "transport {tl} no longer advertises {}, which this suite expects of it: its cases would turn into \"not applicable\"",
+                    names.join(", ")
+                );
+                println!("conformance: {why}");
+                coverage_errors.push(why.clone());
+                trials.push(failing(
+                    format!("{tl}::capabilities"),
+                    &tally,
+                    tl.clone(),
+                    why,
+                    false,
+                ));
+            }
+        }
         let soft = has_soft_rkey(resource);
         for mode in [Mode::InProcess, Mode::TwoProcesses] {
             let key = format!("{tl} ({})", mode.name());
@@ -377,6 +459,12 @@ fn main() {
         conclusion.num_failed as usize,
         conclusion.num_ignored as usize,
     );
+    if !coverage_errors.is_empty() && !args.list {
+        for error in &coverage_errors {
+            println!("conformance: FAILED: {error}");
+        }
+        std::process::exit(101);
+    }
     if ran != (passed, failed, ignored) {
         println!(
             "conformance: FAILED: the tally ({passed} passed, {failed} failed, {ignored} ignored) is not what ran ({} passed, {} failed, {} ignored)",
