@@ -59,6 +59,12 @@ impl IbRkey {
 }
 
 /// A registration: the MR, and the memory when the MD allocated it.
+///
+/// The fields are dropped in declaration order, and that order is the
+/// point: the NIC's registration goes first, and only then the memory it
+/// covered (our host allocation, or the exporter's handle of device memory,
+/// whose allocation must outlive every MR made from its DMA-buf). Do not
+/// reorder them.
 pub struct IbBacking {
     mr: Mr,
     _alloc: Option<HostAlloc>,
