@@ -459,3 +459,6 @@ pub fn remove_stale() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -173,3 +173,6 @@ pub fn open_table(name: &str, region_id: u64) -> Result<Mapping, UctError> {
     }
     Ok(map)
 }
+
+#[cfg(test)]
+mod tests;

@@ -238,3 +238,6 @@ impl Ring {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

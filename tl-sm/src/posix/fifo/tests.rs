@@ -1,0 +1,230 @@
+//! A ring in an anonymous segment of this process: the owner's mapping
+//! drains, a second mapping of the same memory (through its
+//! `/proc/self/fd` path, as a peer maps it) pushes.
+
+use std::os::fd::OwnedFd;
+
+use uct_core::UctError;
+
+use super::*;
+
+/// An anonymous segment of `len` data bytes: the owner's mapping, the
+/// descriptor that keeps it and the path peers open.
+fn segment(len: usize) -> (Mapping, OwnedFd, String) {
+    Mapping::create_anonymous("uct-test-fifo", len).expect("create a segment")
+}
+
+/// An initialised ring (the consumer) and a peer's view of it (a producer).
+struct Pair {
+    consumer: Ring,
+    producer: Ring,
+    _fd: OwnedFd,
+}
+
+fn pair() -> Pair {
+    let (map, fd, path) = segment(ring_bytes());
+    let consumer = Ring::init(map).unwrap();
+    let producer = Ring::attach(Mapping::open_path(&path, 0).unwrap()).unwrap();
+    Pair {
+        consumer,
+        producer,
+        _fd: fd,
+    }
+}
+
+/// The messages `drain` hands over, copied.
+fn drain_all(ring: &Ring) -> Vec<(u8, Vec<u8>)> {
+    let mut got = Vec::new();
+    let n = ring.drain(|id, data| {
+        // More than the ring holds is messages that were never sent.
+        assert!(
+            got.len() < SLOTS as usize,
+            "drain handed over unsent messages"
+        );
+        got.push((id, data.to_vec()))
+    });
+    assert_eq!(n, got.len(), "drain counts what it handed over");
+    got
+}
+
+/// A message body of `len` bytes that differs for every `k`.
+fn body(k: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (k.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8)
+        .collect()
+}
+
+fn push(ring: &Ring, id: u8, parts: &[&[u8]]) -> Push {
+    ring.push(id, parts).expect("push")
+}
+
+#[test]
+fn a_ring_costs_its_slots_and_little_more() {
+    let data = SLOTS as usize * SLOT_DATA;
+    assert!(ring_bytes() >= data, "{} bytes", ring_bytes());
+    assert!(ring_bytes() <= data + data / 8, "{} bytes", ring_bytes());
+}
+
+#[test]
+fn a_ring_needs_ring_bytes() {
+    for len in [ring_bytes(), ring_bytes() + 4096] {
+        let (map, _fd, path) = segment(len);
+        assert!(Ring::init(map).is_ok(), "{len} bytes");
+        assert!(Ring::attach(Mapping::open_path(&path, 0).unwrap()).is_ok());
+    }
+    for len in [1, ring_bytes() - 1] {
+        let (map, _fd, path) = segment(len);
+        assert!(matches!(Ring::init(map), Err(UctError::InvalidParam(_))));
+        assert!(matches!(
+            Ring::attach(Mapping::open_path(&path, 0).unwrap()),
+            Err(UctError::Unreachable(_))
+        ));
+    }
+}
+
+#[test]
+fn attach_refuses_a_segment_that_holds_no_ring() {
+    for len in [ring_bytes(), ring_bytes() + 4096] {
+        let (map, _fd, _path) = segment(len);
+        assert!(matches!(Ring::attach(map), Err(UctError::Unreachable(_))));
+    }
+}
+
+#[test]
+fn the_ring_names_its_owner() {
+    let pair = pair();
+    assert_eq!(pair.consumer.owner_pid(), std::process::id());
+    assert_eq!(pair.producer.owner_pid(), std::process::id());
+    assert_eq!(
+        pair.producer.mapping().data_len(),
+        pair.consumer.mapping().data_len()
+    );
+}
+
+#[test]
+fn messages_arrive_once_in_order() {
+    let pair = pair();
+    assert!(drain_all(&pair.consumer).is_empty());
+    let mut sent = Vec::new();
+    for k in 0..10u64 {
+        let data = body(k, (k as usize * 37) % 300);
+        assert!(matches!(
+            push(&pair.producer, k as u8 + 1, &[&data]),
+            Push::Done
+        ));
+        sent.push((k as u8 + 1, data));
+    }
+    assert_eq!(drain_all(&pair.consumer), sent);
+    assert!(drain_all(&pair.consumer).is_empty());
+    assert!(matches!(push(&pair.producer, 42, &[b"x"]), Push::Done));
+    assert_eq!(drain_all(&pair.consumer), vec![(42, b"x".to_vec())]);
+}
+
+#[test]
+fn parts_are_concatenated() {
+    let pair = pair();
+    assert!(matches!(
+        push(&pair.producer, 3, &[b"ab", b"", b"cde", b"f"]),
+        Push::Done
+    ));
+    assert!(matches!(push(&pair.producer, 4, &[]), Push::Done));
+    assert_eq!(
+        drain_all(&pair.consumer),
+        vec![(3, b"abcdef".to_vec()), (4, Vec::new())]
+    );
+}
+
+#[test]
+fn a_message_is_at_most_one_slot() {
+    let pair = pair();
+    let full = body(1, SLOT_DATA);
+    assert!(matches!(push(&pair.producer, 1, &[&full]), Push::Done));
+    let (head, tail) = full.split_at(SLOT_DATA / 2);
+    assert!(matches!(
+        pair.producer.push(2, &[head, tail, b"!"]),
+        Err(UctError::InvalidParam(_))
+    ));
+    assert!(matches!(
+        pair.producer.push(2, &[&body(2, SLOT_DATA + 1)]),
+        Err(UctError::InvalidParam(_))
+    ));
+    assert_eq!(drain_all(&pair.consumer), vec![(1, full)]);
+}
+
+#[test]
+fn a_full_ring_refuses_until_drained() {
+    let pair = pair();
+    let mut sent = Vec::new();
+    for k in 0..SLOTS {
+        let data = body(k, SLOT_DATA);
+        assert!(
+            matches!(push(&pair.producer, k as u8, &[&data]), Push::Done),
+            "{k}"
+        );
+        sent.push((k as u8, data));
+    }
+    assert!(matches!(push(&pair.producer, 0, &[b"late"]), Push::Full));
+    assert!(matches!(push(&pair.producer, 0, &[b"late"]), Push::Full));
+    assert_eq!(drain_all(&pair.consumer), sent);
+    // The producer sees the drained slots again.
+    for k in 0..SLOTS {
+        assert!(
+            matches!(push(&pair.producer, 9, &[&body(k, 8)]), Push::Done),
+            "{k}"
+        );
+    }
+    assert!(matches!(push(&pair.producer, 0, &[b"late"]), Push::Full));
+    assert_eq!(drain_all(&pair.consumer).len(), SLOTS as usize);
+}
+
+#[test]
+fn positions_wrap_around_the_slots() {
+    let pair = pair();
+    for k in 0..3 * SLOTS + 7 {
+        let data = body(k, 100 + (k as usize % 5) * 1000);
+        assert!(matches!(
+            push(&pair.producer, k as u8, &[&data]),
+            Push::Done
+        ));
+        if k % 3 == 2 {
+            let got = drain_all(&pair.consumer);
+            assert_eq!(got.len(), 3);
+            assert_eq!(got[2], (k as u8, data));
+        }
+    }
+}
+
+#[test]
+fn positions_wrap_around_u64() {
+    // A ring that ran for 2^64 messages: positions from shared memory wrap,
+    // they never overflow.
+    let pair = pair();
+    let header = pair.consumer.header();
+    header.head.store(u64::MAX - 2, Ordering::Relaxed);
+    header.tail.store(u64::MAX - 2, Ordering::Relaxed);
+    let mut sent = Vec::new();
+    for k in 0..6u64 {
+        let data = body(k, 64);
+        assert!(matches!(
+            push(&pair.producer, k as u8, &[&data]),
+            Push::Done
+        ));
+        sent.push((k as u8, data));
+    }
+    assert_eq!(drain_all(&pair.consumer), sent);
+    assert_eq!(header.tail.load(Ordering::Relaxed), 3);
+}
+
+#[test]
+fn a_slot_length_beyond_the_slot_is_clamped() {
+    // A hostile producer publishes a slot whose length reaches far past it.
+    let pair = pair();
+    let data = body(5, 10);
+    assert!(matches!(push(&pair.producer, 5, &[&data]), Push::Done));
+    // SAFETY: position 0's slot lies inside the ring; len is an atomic.
+    unsafe { &(*pair.producer.slot(0)).len }.store(u64::MAX, Ordering::Relaxed);
+    let got = drain_all(&pair.consumer);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1.len(), SLOT_DATA);
+    assert_eq!(&got[0].1[..10], &data[..]);
+}
