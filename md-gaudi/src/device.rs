@@ -5,9 +5,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_int;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::error::{GaudiError, Result};
 use crate::hlthunk::{device_name, HlThunk};
@@ -15,8 +16,54 @@ use crate::hlthunk::{device_name, HlThunk};
 /// The page size the driver's DMA-buf export checks use.
 pub const PAGE: u64 = 4096;
 
-/// Flags a DMA-buf export must carry, exactly.
+/// Flags a DMA-buf export must carry, exactly: hl-thunk's
+/// `hlthunk_device_mapped_memory_export_dmabuf_fd` refuses any other with
+/// EINVAL before calling the driver (which would accept them).
 pub const EXPORT_FLAGS: u32 = (libc::O_RDWR | libc::O_CLOEXEC) as u32;
+
+/// Refused retries of a deferred free, with no DMA-buf fd md-gaudi handed
+/// out still open, after which it is reported with `log::error!`.
+pub const REFUSALS_REPORTED: u32 = 4;
+
+/// The wait after a refused retry before the next one on an alloc or
+/// free: doubled after each refusal, up to [`RETRY_MAX`]. An explicit
+/// [`Device::reclaim`] does not wait.
+pub const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait between two retries on an alloc or free.
+pub const RETRY_MAX: Duration = Duration::from_secs(64);
+
+/// A DMA-buf fd md-gaudi handed out (to a memory query's caller, who owns
+/// it): its number and the identity of the file it was, so that the same
+/// number reused for another file is not taken for it.
+struct HandedOut {
+    fd: RawFd,
+    file: (u64, u64),
+}
+
+/// (st_dev, st_ino) of an open fd: every DMA-buf is its own inode.
+fn file_identity(fd: RawFd) -> Option<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes one `struct stat` to the pointer and does nothing
+    // else; an fd that is not open gives EBADF.
+    let rc = unsafe { libc::fstat(fd, st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    Some((st.st_dev, st.st_ino))
+}
+
+/// An allocation given up by its owner while a DMA-buf exported from it
+/// was still held.
+struct Deferred {
+    va: u64,
+    handle: u64,
+    /// Unmaps the driver refused with no fd md-gaudi handed out open.
+    refused: u32,
+    /// No retry on an alloc or free before this.
+    not_before: Option<Instant>,
+}
 
 #[derive(Default)]
 struct Book {
@@ -25,11 +72,13 @@ struct Book {
     /// device VA -> (handle, size).
     maps: BTreeMap<u64, (u64, u64)>,
     in_use: u64,
+    /// device VA -> the DMA-buf fds handed out for that mapping.
+    handed_out: HashMap<u64, Vec<HandedOut>>,
     /// Allocations given up by their owner whose mapping the driver would
     /// not remove yet, because a DMA-buf exported from it is still open:
-    /// (VA, handle), unmapped and freed by [`Device::reclaim`] once the
-    /// DMA-buf is released.
-    deferred: Vec<(u64, u64)>,
+    /// unmapped and freed by [`Device::reclaim`] once the DMA-buf is
+    /// released.
+    deferred: Vec<Deferred>,
 }
 
 /// An open device. Closing it (on drop) makes the driver free whatever is
@@ -232,8 +281,10 @@ impl Device {
 
     /// `hlthunk_memory_unmap` of a VA [`map`](Self::map) returned. The
     /// driver refuses while a DMA-buf exported from the mapping is open
-    /// (`StillExported`): nothing here can know whether one is, since any
-    /// copy of its fd, or a NIC registration, holds it.
+    /// (`StillExported`), and logs an error in the kernel log each time.
+    /// EINVAL is read as that refusal because the VA is mapped (the book
+    /// says so), but that rests on the book being right: a deferred free
+    /// refused too often is reported (see [`reclaim`](Self::reclaim)).
     pub fn unmap(&self, va: u64) -> Result<()> {
         if !self.book().maps.contains_key(&va) {
             return Err(GaudiError::NotMapped {
@@ -253,24 +304,65 @@ impl Device {
                 self.driver("hlthunk_memory_unmap", e)
             }
         })?;
-        self.book().maps.remove(&va);
+        let mut book = self.book();
+        book.maps.remove(&va);
+        book.handed_out.remove(&va);
         Ok(())
     }
 
+    /// A copy of `dmabuf` (a DMA-buf exported from the mapping at `va`)
+    /// for a caller who will own it. Recorded, so that while the copy is
+    /// open a deferred free of the mapping is not tried: the driver would
+    /// only refuse it, and log an error each time.
+    pub fn hand_out(&self, va: u64, dmabuf: &OwnedFd) -> std::io::Result<OwnedFd> {
+        let copy = dmabuf.try_clone()?;
+        let fd = copy.as_raw_fd();
+        if let Some(file) = file_identity(fd) {
+            let mut book = self.book();
+            let handed = book.handed_out.entry(va).or_default();
+            handed.retain(|h| h.fd != fd && file_identity(h.fd) == Some(h.file));
+            handed.push(HandedOut { fd, file });
+        }
+        Ok(copy)
+    }
+
+    /// How many of the DMA-buf fds handed out for the mapping at `va` are
+    /// still open (the same number, still the same file).
+    fn handed_out_open(&self, va: u64) -> usize {
+        let mut book = self.book();
+        let Some(handed) = book.handed_out.get_mut(&va) else {
+            return 0;
+        };
+        handed.retain(|h| file_identity(h.fd) == Some(h.file));
+        handed.len()
+    }
+
     /// Unmaps and frees an allocation its owner has given up. While a
-    /// DMA-buf of it is open (an fd the owner handed out, a NIC
+    /// DMA-buf of it is open (an fd handed out by a query, a NIC
     /// registration) the driver keeps the mapping, and so the memory: the
     /// allocation is deferred and freed by a later [`reclaim`](Self::reclaim)
-    /// after the DMA-buf's release, never before. Returns whether it was
-    /// freed now.
+    /// after the DMA-buf's release, never before. While an fd md-gaudi
+    /// handed out is open the driver is not even asked. Returns whether it
+    /// was freed now.
     pub fn unmap_and_free(&self, va: u64, handle: u64) -> Result<bool> {
+        let size = self.book().allocs.get(&handle).copied().unwrap_or(0);
+        let open = self.handed_out_open(va);
+        if open > 0 {
+            log::info!(
+                "{}: allocation at {va:#x} (handle {handle:#x}, {size} bytes) given up while {open} DMA-buf fd(s) of it handed out by a memory query are open; it is freed after they are closed",
+                self.name
+            );
+            self.defer(va, handle, 0);
+            return Ok(false);
+        }
         match self.unmap(va) {
             Ok(()) => {}
             Err(GaudiError::StillExported { .. }) => {
-                let mut book = self.book();
-                if !book.deferred.contains(&(va, handle)) {
-                    book.deferred.push((va, handle));
-                }
+                log::info!(
+                    "{}: allocation at {va:#x} (handle {handle:#x}, {size} bytes) given up while the driver still holds a DMA-buf of it (unmap refused with EINVAL, \"memory is exported\"), though no fd md-gaudi handed out is open: a NIC registration or a copy of such an fd holds it; it is freed after its release",
+                    self.name
+                );
+                self.defer(va, handle, 1);
                 return Ok(false);
             }
             Err(e) => return Err(e),
@@ -279,23 +371,96 @@ impl Device {
         Ok(true)
     }
 
+    fn defer(&self, va: u64, handle: u64, refused: u32) {
+        let mut book = self.book();
+        if book.deferred.iter().any(|d| d.va == va) {
+            return;
+        }
+        book.deferred.push(Deferred {
+            va,
+            handle,
+            refused,
+            not_before: (refused > 0).then(|| Instant::now() + backoff(refused)),
+        });
+    }
+
     /// Frees the deferred allocations whose DMA-bufs have been released;
-    /// returns how many are still held by one.
+    /// returns how many are still held by one. The driver is asked only
+    /// about allocations with no fd md-gaudi handed out still open. An
+    /// allocation the driver keeps refusing with none open (held by a NIC
+    /// registration, a copy of such an fd, or this book wrong about the
+    /// mapping) is reported with `log::error!` after [`REFUSALS_REPORTED`]
+    /// refusals, and still retried.
     pub fn reclaim(&self) -> usize {
+        self.reclaim_with(true)
+    }
+
+    /// [`reclaim`](Self::reclaim) as an alloc or free does it: an
+    /// allocation the driver refused is retried only after a wait
+    /// ([`RETRY_FIRST`], doubling up to [`RETRY_MAX`]), so that the
+    /// driver's error lines do not fill the kernel log.
+    pub fn reclaim_due(&self) -> usize {
+        self.reclaim_with(false)
+    }
+
+    fn reclaim_with(&self, now_regardless: bool) -> usize {
         let deferred = std::mem::take(&mut self.book().deferred);
-        for (va, handle) in deferred {
-            let outcome = self.unmap_and_free(va, handle);
-            if let Err(e) = outcome {
-                log::warn!("{}: freeing {va:#x} (handle {handle:#x}): {e}", self.name);
+        let mut held = Vec::new();
+        for mut d in deferred {
+            let now = Instant::now();
+            let waiting = !now_regardless && d.not_before.is_some_and(|t| now < t);
+            if waiting || self.handed_out_open(d.va) > 0 {
+                held.push(d);
+                continue;
+            }
+            match self.unmap(d.va) {
+                Ok(()) => {
+                    if let Err(e) = self.free(d.handle) {
+                        log::error!(
+                            "{}: allocation at {:#x} (handle {:#x}) unmapped after its DMA-buf's release but not freed: {e}; the driver frees it when the device is closed",
+                            self.name, d.va, d.handle
+                        );
+                    }
+                }
+                Err(GaudiError::StillExported { .. }) => {
+                    d.refused += 1;
+                    d.not_before = Some(now + backoff(d.refused));
+                    if d.refused == REFUSALS_REPORTED {
+                        log::error!(
+                            "{}: allocation at {:#x} (handle {:#x}): the driver refused to unmap it {} times (EINVAL) with no DMA-buf fd md-gaudi handed out open; a NIC registration or a copy of a DMA-buf fd still holds it, or the driver's EINVAL means something else; retried at most every {}s, and freed by the driver when the device is closed",
+                            self.name, d.va, d.handle, d.refused, RETRY_MAX.as_secs()
+                        );
+                    }
+                    held.push(d);
+                }
+                Err(e) => {
+                    log::error!(
+                        "{}: allocation at {:#x} (handle {:#x}) cannot be unmapped: {e}; given up, the driver frees it when the device is closed",
+                        self.name, d.va, d.handle
+                    );
+                }
             }
         }
-        self.book().deferred.len()
+        let mut book = self.book();
+        book.deferred.extend(held);
+        book.deferred.len()
     }
 
     /// Allocations given up by their owners and still held by an open
     /// DMA-buf (see [`unmap_and_free`](Self::unmap_and_free)).
     pub fn deferred(&self) -> usize {
         self.book().deferred.len()
+    }
+
+    /// Deferred allocations the driver refused to unmap at least
+    /// [`REFUSALS_REPORTED`] times with no fd md-gaudi handed out open
+    /// (reported with `log::error!`).
+    pub fn deferred_reported(&self) -> usize {
+        self.book()
+            .deferred
+            .iter()
+            .filter(|d| d.refused >= REFUSALS_REPORTED)
+            .count()
     }
 
     /// Exports `[va + offset, +size)` of a mapping as a DMA-buf the caller
@@ -309,7 +474,12 @@ impl Device {
                 expected: EXPORT_FLAGS,
             });
         }
-        for (what, value) in [("address", va), ("offset", offset)] {
+        if size == 0 {
+            return Err(GaudiError::ExportEmpty { device: dev() });
+        }
+        // The driver's validate_export_params_common (Linux 6.7 and later):
+        // address, size and offset all multiples of the page.
+        for (what, value) in [("address", va), ("size", size), ("offset", offset)] {
             if !value.is_multiple_of(PAGE) {
                 return Err(GaudiError::ExportMisaligned {
                     device: dev(),
@@ -318,13 +488,6 @@ impl Device {
                     page: PAGE,
                 });
             }
-        }
-        if size < PAGE {
-            return Err(GaudiError::ExportTooSmall {
-                device: dev(),
-                size,
-                page: PAGE,
-            });
         }
         let Some(&(_, mapping_len)) = self.book().maps.get(&va) else {
             return Err(GaudiError::NotMapped {
@@ -348,12 +511,21 @@ impl Device {
     }
 }
 
+/// The wait after `refused` refusals.
+fn backoff(refused: u32) -> Duration {
+    RETRY_FIRST
+        .saturating_mul(1 << refused.saturating_sub(1).min(16))
+        .min(RETRY_MAX)
+}
+
 impl Drop for Device {
     fn drop(&mut self) {
         // What is still exported is freed by the driver when its DMA-bufs
         // are released: an export holds the device until then.
         let held = self.reclaim();
         if held > 0 {
+            // The DMA-bufs hold the device file, so the close below does
+            // not free under them.
             log::info!(
                 "{}: closing with {held} allocations still held by open DMA-bufs; the driver frees them when those are released",
                 self.name

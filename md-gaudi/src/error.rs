@@ -43,7 +43,7 @@ pub enum GaudiError {
         in_use: u64,
     },
 
-    #[error("{device}: DMA-buf export flags must be exactly O_RDWR|O_CLOEXEC ({expected:#x}), got {flags:#x}")]
+    #[error("{device}: DMA-buf export flags must be exactly O_RDWR|O_CLOEXEC ({expected:#x}), got {flags:#x} (hl-thunk refuses any other with EINVAL)")]
     ExportFlags {
         device: String,
         flags: u32,
@@ -69,12 +69,8 @@ pub enum GaudiError {
     #[error("{device}: {addr:#x} is not a mapped device address (the start of a mapping); export from the VA that hlthunk_device_memory_map returned, not a handle")]
     NotMapped { device: String, addr: u64 },
 
-    #[error("{device}: DMA-buf export of {size} bytes is smaller than a page ({page}); export at least a page")]
-    ExportTooSmall {
-        device: String,
-        size: u64,
-        page: u64,
-    },
+    #[error("{device}: DMA-buf export of 0 bytes; export at least one page")]
+    ExportEmpty { device: String },
 
     #[error("{device}: {addr:#x} cannot be unmapped while a DMA-buf exported from it is open (the driver refuses with EINVAL); close every fd of the DMA-buf and deregister every NIC registration of it first")]
     StillExported { device: String, addr: u64 },
@@ -104,7 +100,7 @@ impl From<GaudiError> for UctError {
             | GaudiError::ExportFlags { .. }
             | GaudiError::ExportMisaligned { .. }
             | GaudiError::ExportOutOfBounds { .. }
-            | GaudiError::ExportTooSmall { .. }
+            | GaudiError::ExportEmpty { .. }
             | GaudiError::StillExported { .. }
             | GaudiError::NotMapped { .. }
             | GaudiError::NoSuchHandle { .. }

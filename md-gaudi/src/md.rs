@@ -51,21 +51,23 @@ struct GaudiAlloc {
     live: LiveTable,
 }
 
-fn dup(fd: &OwnedFd, device: &str) -> Result<OwnedFd> {
-    fd.try_clone().map_err(|e| UctError::Device {
-        device: device.to_string(),
+fn dup(dev: &Device, va: u64, fd: &OwnedFd) -> Result<OwnedFd> {
+    dev.hand_out(va, fd).map_err(|e| UctError::Device {
+        device: dev.name.clone(),
         message: format!("cannot dup the DMA-buf fd: {e}; raise the open-file limit (ulimit -n)"),
         source: Some(e.into()),
     })
 }
 
+/// The answer to a query: a copy of the DMA-buf fd the caller owns,
+/// recorded by the device (a deferred free is not tried while it is open).
 fn info(dev: &Device, base: u64, len: u64, fd: &OwnedFd, offset: u64) -> Result<MemInfo> {
     Ok(MemInfo {
         mem_type: MemoryType::Gaudi,
         base,
         len: len as usize,
         system_device: Some(dev.bus_id.clone()),
-        dmabuf: Some((dup(fd, &dev.name)?, offset)),
+        dmabuf: Some((dup(dev, base, fd)?, offset)),
     })
 }
 
@@ -88,12 +90,12 @@ impl Drop for GaudiAlloc {
         // registration made through `register_handle` holds this region,
         // and is gone by now, but an fd handed out by `query` may outlive
         // it. Then the allocation is deferred, and freed by a later
-        // `reclaim` once that fd is closed.
+        // reclaim once that fd is closed.
         drop(self.dmabuf.take());
         if let Err(e) = self.dev.unmap_and_free(self.va, self.handle) {
             log::warn!("{}: freeing {:#x}: {e}", self.dev.name, self.va);
         }
-        self.dev.reclaim();
+        self.dev.reclaim_due();
     }
 }
 
@@ -128,9 +130,10 @@ impl GaudiMd {
         self.dev.deferred()
     }
 
-    /// Frees the deferred allocations whose DMA-bufs have been released
-    /// (every alloc and free does this too); returns how many are still
-    /// held.
+    /// Frees the deferred allocations whose DMA-bufs have been released,
+    /// asking the driver now about every one with no fd handed out open
+    /// (every alloc and free does this too, but waits between refused
+    /// retries); returns how many are still held.
     pub fn reclaim(&self) -> usize {
         self.dev.reclaim()
     }
@@ -141,7 +144,7 @@ impl GaudiMd {
         access: Access,
     ) -> std::result::Result<MemHandle, GaudiError> {
         // What released DMA-bufs no longer hold goes back first.
-        self.dev.reclaim();
+        self.dev.reclaim_due();
         let size = (len as u64).next_multiple_of(PAGE);
         let handle = self.dev.alloc(size, 0)?;
         let va = match self.dev.map(handle) {

@@ -9,7 +9,7 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use md_gaudi::device::{EXPORT_FLAGS, PAGE};
+use md_gaudi::device::{EXPORT_FLAGS, PAGE, REFUSALS_REPORTED};
 use md_gaudi::{GaudiError, GaudiMd};
 use uct_core::{Access, MdFlags, MemoryDomain, MemoryType, UctError};
 
@@ -243,14 +243,23 @@ fn each_driver_rule_violation_has_its_named_error() {
             ..
         })
     ));
-    // The size: at least a page (the driver's rule), not a multiple of one.
+    // The size: a multiple of the page (the driver's rule since Linux 6.7),
+    // refused here before the driver is asked.
     assert!(matches!(
         dev.export_dmabuf(va, 100, 0, EXPORT_FLAGS),
-        Err(GaudiError::ExportTooSmall { size: 100, .. })
+        Err(GaudiError::ExportMisaligned {
+            what: "size",
+            value: 100,
+            ..
+        })
+    ));
+    assert!(matches!(
+        dev.export_dmabuf(va, PAGE + 100, 0, EXPORT_FLAGS),
+        Err(GaudiError::ExportMisaligned { what: "size", value, .. }) if value == PAGE + 100
     ));
     drop(
-        dev.export_dmabuf(va, PAGE + 100, 0, EXPORT_FLAGS)
-            .expect("a size past a page boundary"),
+        dev.export_dmabuf(va, 2 * PAGE, 0, EXPORT_FLAGS)
+            .expect("a whole number of pages"),
     );
     assert!(matches!(
         dev.export_dmabuf(va, PAGE, 100, EXPORT_FLAGS),
@@ -262,11 +271,16 @@ fn each_driver_rule_violation_has_its_named_error() {
     ));
     assert!(matches!(
         dev.export_dmabuf(va, 0, 0, EXPORT_FLAGS),
-        Err(GaudiError::ExportTooSmall { size: 0, .. })
+        Err(GaudiError::ExportEmpty { .. })
     ));
-    // A handle is not a VA: page-aligned, so that only the lookup of a
-    // mapping at that address can refuse it.
-    assert_eq!(handle % PAGE, 0, "the simulator's handles are page-aligned");
+    // A handle is not a VA. The simulator's handles are page-aligned, a
+    // deliberate difference from the driver's idr ids (1, 2, ...), so that
+    // the alignment check passes and the lookup of a mapping refuses it.
+    assert_eq!(
+        handle % PAGE,
+        0,
+        "the simulator's handles are page-aligned (unlike the driver's)"
+    );
     assert!(matches!(
         dev.export_dmabuf(handle, PAGE, 0, EXPORT_FLAGS),
         Err(GaudiError::NotMapped { addr, .. }) if addr == handle
@@ -351,6 +365,7 @@ fn a_query_fd_that_outlives_the_handle_defers_the_free() {
         .expect("alloc");
     let (fd, _) = md.query(mem.addr(), 1).expect("query").dmabuf.expect("fd");
     let in_use = md.device().in_use();
+    let refused = sim_counter("hlthunk_sim_refused_unmaps");
     drop(mem);
     assert_eq!(md.live_allocations(), 0, "the handle is gone");
     assert_eq!(md.deferred_frees(), 1, "held by the query's fd");
@@ -359,6 +374,20 @@ fn a_query_fd_that_outlives_the_handle_defers_the_free() {
     assert_eq!(sim_counter("hlthunk_sim_open_exports"), 1);
     assert_eq!(md.device().in_use(), in_use, "still counted against DRAM");
     assert_eq!(md.reclaim(), 1, "nothing to free while the fd is open");
+    // Allocs and frees meanwhile do not ask the driver: it would only
+    // refuse, with an error line in the kernel log each time.
+    for _ in 0..5 {
+        drop(
+            md.alloc(4096, MemoryType::Gaudi, Access::all_rights())
+                .expect("alloc"),
+        );
+    }
+    assert_eq!(md.deferred_frees(), 1);
+    assert_eq!(
+        sim_counter("hlthunk_sim_refused_unmaps"),
+        refused,
+        "no unmap tried while the query's fd is open"
+    );
     drop(fd);
     // The next alloc (or an explicit reclaim) frees it.
     let next = md
@@ -371,6 +400,56 @@ fn a_query_fd_that_outlives_the_handle_defers_the_free() {
         "only the new one"
     );
     drop(next);
+    assert_eq!(sim_counter("hlthunk_sim_live_allocations"), 0);
+    assert_eq!(md.device().in_use(), 0);
+}
+
+/// A DMA-buf held by something md-gaudi did not hand out (as a NIC's MR
+/// holds one after the fd it was registered with is closed; here an export
+/// made directly): the driver refuses the unmap. md-gaudi does not ask it
+/// again on every alloc and free, only after a wait or on an explicit
+/// reclaim, reports the allocation after `REFUSALS_REPORTED` refusals, and
+/// frees it after the release.
+#[test]
+fn a_dmabuf_held_elsewhere_is_retried_sparingly_and_reported() {
+    let (mds, _serial) = fixture();
+    let md = &mds[0];
+    let mem = md
+        .alloc(1 << 20, MemoryType::Gaudi, Access::all_rights())
+        .expect("alloc");
+    let held = md
+        .device()
+        .export_dmabuf(mem.addr(), PAGE, 0, EXPORT_FLAGS)
+        .expect("an export md-gaudi did not hand out");
+    let refused = sim_counter("hlthunk_sim_refused_unmaps");
+    drop(mem);
+    assert_eq!(md.deferred_frees(), 1);
+    assert_eq!(
+        sim_counter("hlthunk_sim_refused_unmaps"),
+        refused + 1,
+        "asked once"
+    );
+    // Allocs and frees within the wait do not ask again.
+    for _ in 0..5 {
+        drop(
+            md.alloc(4096, MemoryType::Gaudi, Access::all_rights())
+                .expect("alloc"),
+        );
+    }
+    assert_eq!(sim_counter("hlthunk_sim_refused_unmaps"), refused + 1);
+    assert_eq!(md.device().deferred_reported(), 0);
+    // Explicit reclaims ask each time, up to the report.
+    for n in 2..=REFUSALS_REPORTED {
+        assert_eq!(md.reclaim(), 1);
+        assert_eq!(
+            sim_counter("hlthunk_sim_refused_unmaps"),
+            refused + n as u64
+        );
+    }
+    assert_eq!(md.device().deferred_reported(), 1, "reported as an error");
+    drop(held);
+    assert_eq!(md.reclaim(), 0, "freed after the release");
+    assert_eq!(md.device().deferred_reported(), 0);
     assert_eq!(sim_counter("hlthunk_sim_live_allocations"), 0);
     assert_eq!(md.device().in_use(), 0);
 }

@@ -2,8 +2,9 @@
 //! here), called through its C ABI with md-gaudi's thin wrappers
 //! ([`HlThunk`]), which check nothing: md-gaudi's own pre-checks are tested
 //! in `simulated_gaudi.rs`. Each refused call breaks exactly one of the
-//! driver's rules, and the same call with that one rule kept is accepted,
-//! so that a refusal can only come from the rule it names.
+//! rules (the driver's, or hl-thunk's own where named so), and the same
+//! call with that one rule kept is accepted, so that a refusal can only
+//! come from the rule it names.
 //!
 //! This binary opens and closes the devices itself (the simulator lives
 //! in this process only); the tests share them one at a time.
@@ -126,7 +127,9 @@ fn each_export_rule_alone() {
             .unwrap_or_else(|e| panic!("export({a:#x}, {s}, {o}, {f:#x}): {e}"))
     };
 
-    // Flags: exactly O_RDWR | O_CLOEXEC.
+    // Flags: exactly O_RDWR | O_CLOEXEC. hl-thunk's own rule, checked in
+    // user space before the ioctl (hlthunk_device_mapped_memory_export_dmabuf_fd);
+    // the driver would accept O_RDWR alone.
     assert_eq!(refused(va, PAGE, 0, libc::O_RDWR as u32), EINVAL);
     assert_eq!(refused(va, PAGE, 0, libc::O_CLOEXEC as u32), EINVAL);
     assert_eq!(
@@ -139,21 +142,30 @@ fn each_export_rule_alone() {
     // and inside the mapping (the offset is how to start further in).
     assert_eq!(refused(va + PAGE, PAGE, 0, EXPORT_FLAGS), EINVAL);
     drop(accepted(va, PAGE, PAGE, EXPORT_FLAGS));
-    // A handle is not a VA: page-aligned, so that the lookup is the only
-    // rule it can break.
-    assert_eq!(handle % PAGE, 0, "the simulator's handles are page-aligned");
+    // A handle is not a VA. The simulator's handles are page-aligned, a
+    // deliberate difference from the driver's idr ids (1, 2, ...), so that
+    // the lookup of a mapping is the only rule a handle can break here.
+    assert_eq!(
+        handle % PAGE,
+        0,
+        "the simulator's handles are page-aligned (unlike the driver's)"
+    );
     assert_ne!(handle, va);
     assert_eq!(refused(handle, PAGE, 0, EXPORT_FLAGS), EINVAL);
 
-    // The offset: page-aligned (the driver checks addr + offset).
+    // The offset: page-aligned (validate_export_params_common).
     assert_eq!(refused(va, PAGE, 100, EXPORT_FLAGS), EINVAL);
+    assert_eq!(refused(va, PAGE, PAGE + 100, EXPORT_FLAGS), EINVAL);
     drop(accepted(va, PAGE, 2 * PAGE, EXPORT_FLAGS));
 
-    // The size: at least a page, not necessarily a multiple of one.
+    // The size: non-zero and a multiple of the page (Linux 6.7 and later,
+    // validate_export_params_common), even inside the mapping.
     assert_eq!(refused(va, 0, 0, EXPORT_FLAGS), EINVAL);
     assert_eq!(refused(va, PAGE - 1, 0, EXPORT_FLAGS), EINVAL);
+    assert_eq!(refused(va, PAGE + 100, 0, EXPORT_FLAGS), EINVAL);
+    assert_eq!(refused(va, 2 * PAGE - 1, PAGE, EXPORT_FLAGS), EINVAL);
     drop(accepted(va, PAGE, 0, EXPORT_FLAGS));
-    drop(accepted(va, PAGE + 100, 0, EXPORT_FLAGS));
+    drop(accepted(va, 2 * PAGE, 0, EXPORT_FLAGS));
 
     // Bounds: offset + size inside the allocation, without overflow.
     assert_eq!(refused(va, size, PAGE, EXPORT_FLAGS), EINVAL);
@@ -181,9 +193,11 @@ fn an_open_dmabuf_holds_its_mapping_and_allocation() {
     let (handle, va) = dev.mapped(4 << 20);
     let export = dev.export(va, PAGE, 0, EXPORT_FLAGS).expect("export");
     assert_eq!(counter("hlthunk_sim_open_exports"), 1);
-    // unmap_device_va: EINVAL while exported; free_device_memory: EINVAL
-    // while mapped.
+    // unmap_device_va: EINVAL while exported, with a dev_err line each
+    // time (counted); free_device_memory: EINVAL while mapped.
+    let refused_before = counter("hlthunk_sim_refused_unmaps");
     assert_eq!(errno(lib.unmap(dev.fd, va)), EINVAL, "unmap while exported");
+    assert_eq!(counter("hlthunk_sim_refused_unmaps"), refused_before + 1);
     assert_eq!(
         errno(lib.mem_free(dev.fd, handle)),
         EINVAL,

@@ -9,14 +9,17 @@
 //! What it simulates, per device: an exclusive open, DRAM of a fixed size
 //! (allocations count against it; no memory backs them, as the CPU cannot
 //! touch device memory anyway), mappings to device virtual addresses, and
-//! DMA-buf export with the kernel driver's
-//! checks: the address must be the start of a mapping (not a handle); the
-//! offset page-aligned and `offset + size` inside the mapping; size at least
-//! a page; flags exactly `O_RDWR | O_CLOEXEC`.
+//! DMA-buf export with the checks of hl-thunk and of the kernel driver:
+//! flags exactly `O_RDWR | O_CLOEXEC` (hl-thunk's own check, in user
+//! space, not the driver's); the address must be the start of a mapping
+//! (not a handle); then the driver's `validate_export_params` as of Linux
+//! 6.7: size non-zero and a multiple of the page, offset page-aligned, and
+//! `offset + size` inside the mapping.
 //!
 //! DMA-buf exports are tracked as the habanalabs driver tracks them
-//! (Linux `drivers/accel/habanalabs/common/memory.c`, as of torvalds/linux
-//! 0791faeb; read for this, none of its code is used here):
+//! (Linux `drivers/accel/habanalabs/common/memory.c`, read at torvalds/linux
+//! 0791faeb and HabanaAI/drivers.accel.habanalabs.kernel 4058b6e1; none of
+//! its code is used here):
 //! - `export_dmabuf_from_addr` takes an export reference on the mapping
 //!   (`memhash_node_export_get` raises the mapping's `export_cnt`), and
 //!   `export_dmabuf` holds the context (`hl_ctx_get`) and the device file
@@ -26,7 +29,9 @@
 //!   DMA-buf goes: every fd and every importer such as an RDMA MR) drops
 //!   both;
 //! - `unmap_device_va` refuses a mapping whose `export_cnt` is not zero with
-//!   -EINVAL ("memory is exported");
+//!   -EINVAL, and logs a `dev_err` ("failed to unmap ..., memory is
+//!   exported") each time: `hlthunk_sim_refused_unmaps` counts those
+//!   refusals, the lines a real device would add to the kernel log;
 //! - `free_device_memory` refuses a handle that is still mapped with
 //!   -EINVAL, so an exported allocation cannot be freed either: nothing is
 //!   freed or deferred under an open DMA-buf, the caller must retry after
@@ -42,6 +47,12 @@
 //! hang-up, which the simulator takes as the DMA-buf's release; it looks
 //! for releases at the start of every call. As with a real Gaudi DMA-buf,
 //! the CPU cannot mmap it (ENODEV) or read data from it.
+//!
+//! Deliberate differences from the real stack, each for a test's sake:
+//! handles are page-aligned multiples of [`PAGE`] (the driver's are small
+//! idr ids, 1, 2, 3, ...), so that a handle passed where a VA belongs
+//! passes every alignment check and reaches the one that names the mistake,
+//! the lookup of a mapping at that address.
 //!
 //! Settings (environment, read once): `HLTHUNK_SIM_DEVICES` (default 2),
 //! `HLTHUNK_SIM_DRAM_MB` per device (default 16384).
@@ -169,6 +180,9 @@ impl Device {
 
 struct Sim {
     devices: Vec<Device>,
+    /// Unmaps refused because the mapping is exported: on the driver, one
+    /// `dev_err` line in the kernel log each.
+    refused_unmaps: u64,
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -197,6 +211,7 @@ fn sim() -> MutexGuard<'static, Sim> {
                     maps: BTreeMap::new(),
                 })
                 .collect(),
+            refused_unmaps: 0,
         })
     });
     let mut state = sim.lock().unwrap_or_else(|p| p.into_inner());
@@ -416,10 +431,13 @@ pub extern "C" fn hlthunk_device_memory_alloc(
         set_errno(libc::ENOMEM);
         return 0;
     }
-    // The driver's handles are small numbers (idr ids); these are small and
-    // page-aligned, far below any VA, so that a handle passed where a VA is
-    // expected passes every alignment check and fails the one that matters,
-    // the lookup of a mapping at that address, as on the real driver.
+    // A DELIBERATE DIFFERENCE from the driver, whose handles are idr ids
+    // (1, 2, 3, ...; `alloc_device_memory`): these are page-aligned (id *
+    // PAGE), still far below any VA, so that a handle passed where a VA is
+    // expected passes every alignment check and is refused by the lookup of
+    // a mapping at that address, the check that names the mistake. On the
+    // driver an unaligned handle would be refused too, by the lookup as
+    // well (`memhash_node_export_get` runs before `validate_export_params`).
     let handle = device.next_handle * PAGE;
     device.next_handle += 1;
     device.used += rounded;
@@ -485,7 +503,8 @@ pub extern "C" fn hlthunk_device_memory_map(fd: c_int, handle: u64, _hint_addr: 
 
 /// Unmaps a VA returned by `hlthunk_device_memory_map`; EINVAL for any
 /// other address, and EINVAL while a DMA-buf exported from the mapping is
-/// open (`unmap_device_va`: "failed to unmap, memory is exported").
+/// open (`unmap_device_va`: dev_err "failed to unmap %#llx, memory is
+/// exported", counted by `hlthunk_sim_refused_unmaps`).
 #[no_mangle]
 pub extern "C" fn hlthunk_memory_unmap(fd: c_int, device_virt_addr: u64) -> c_int {
     let mut state = sim();
@@ -494,7 +513,10 @@ pub extern "C" fn hlthunk_memory_unmap(fd: c_int, device_virt_addr: u64) -> c_in
     };
     match device.maps.get(&device_virt_addr) {
         None => return fail(libc::EINVAL),
-        Some(mapping) if !mapping.exports.is_empty() => return fail(libc::EINVAL),
+        Some(mapping) if !mapping.exports.is_empty() => {
+            state.refused_unmaps += 1;
+            return fail(libc::EINVAL);
+        }
         Some(_) => {}
     }
     let Some(mapping) = device.maps.remove(&device_virt_addr) else {
@@ -506,11 +528,25 @@ pub extern "C" fn hlthunk_memory_unmap(fd: c_int, device_virt_addr: u64) -> c_in
     0
 }
 
-/// Exports `[addr + offset, +size)` of a mapping as a DMA-buf, with the
-/// kernel driver's checks in its order (`export_dmabuf_from_addr`: the
-/// mapping at `addr` first, then `validate_export_params`); every violation
-/// returns -EINVAL. The export holds the mapping (no unmap, hence no free)
-/// and the device until the DMA-buf is released.
+/// Exports `[addr + offset, +size)` of a mapping as a DMA-buf; every
+/// violation returns -EINVAL, in this order:
+/// - the flags, exactly `O_RDWR | O_CLOEXEC`: hl-thunk's own check, in
+///   user space before any ioctl (`hlthunk_device_mapped_memory_export_dmabuf_fd`
+///   in HabanaAI/hl-thunk-open `src/libhlthunk.c`). The driver does not
+///   check them: `export_dmabuf` only passes them on, to
+///   `dma_buf_export` and to the fd allocation (`dma_buf_fd`, or
+///   `get_unused_fd_flags` in newer kernels);
+/// - the driver's `export_dmabuf_from_addr`: the mapping at `addr` first
+///   (`memhash_node_export_get`), then `validate_export_params`. Since
+///   Linux 6.7 ("accel/habanalabs: export dma-buf only if size/offset
+///   multiples of PAGE_SIZE") `validate_export_params_common` refuses an
+///   address that is not page-aligned, a size that is zero or not a
+///   multiple of the page (`!size || !PAGE_ALIGNED(size)`) and an offset
+///   that is not page-aligned; then `offset + size` must lie inside the
+///   allocation (`phys_pg_pack->total_size`).
+///
+/// The export holds the mapping (no unmap, hence no free) and the device
+/// until the DMA-buf is released.
 #[no_mangle]
 pub extern "C" fn hlthunk_device_mapped_memory_export_dmabuf_fd(
     fd: c_int,
@@ -523,6 +559,7 @@ pub extern "C" fn hlthunk_device_mapped_memory_export_dmabuf_fd(
     let Some(device) = device_of(&mut state, fd) else {
         return fail(libc::EBADF);
     };
+    // hl-thunk (user space), not the driver.
     if flags != (libc::O_RDWR | libc::O_CLOEXEC) as u32 {
         return fail(libc::EINVAL);
     }
@@ -530,12 +567,16 @@ pub extern "C" fn hlthunk_device_mapped_memory_export_dmabuf_fd(
     let Some(mapping) = device.maps.get_mut(&addr) else {
         return fail(libc::EINVAL);
     };
-    // validate_export_params: addr + offset page-aligned, at least a page,
-    // and inside the allocation.
+    // validate_export_params_common (Linux 6.7 and later).
+    let aligned = |value: u64| value.is_multiple_of(PAGE);
+    if !aligned(addr) || size == 0 || !aligned(size) || !aligned(offset) {
+        return fail(libc::EINVAL);
+    }
+    // validate_export_params: inside the allocation.
     let inside = offset
         .checked_add(size)
         .is_some_and(|end| end <= mapping.size);
-    if !addr.wrapping_add(offset).is_multiple_of(PAGE) || size < PAGE || !inside {
+    if !inside {
         return fail(libc::EINVAL);
     }
     let mut pair = [0 as c_int; 2];
@@ -578,6 +619,14 @@ pub extern "C" fn hlthunk_sim_live_allocations() -> u64 {
 #[no_mangle]
 pub extern "C" fn hlthunk_sim_live_mappings() -> u64 {
     sim().devices.iter().map(|d| d.maps.len() as u64).sum()
+}
+
+/// Simulator only: unmaps refused because the mapping was exported, over
+/// all devices since the library was loaded; each is a `dev_err` line in
+/// the kernel log on a real device.
+#[no_mangle]
+pub extern "C" fn hlthunk_sim_refused_unmaps() -> u64 {
+    sim().refused_unmaps
 }
 
 /// Simulator only: DMA-bufs exported and not yet released, over all
