@@ -6,10 +6,10 @@
 use uct_core::region_table::SoftRkey;
 use uct_core::{
     Access, AtomicValue, Caps, Completion, IfaceAttrs, Iov, MemoryType, RkeyBundle, RkeyEntry,
-    UctError,
+    Status, UctError,
 };
 
-use super::{case, check_applies, Case};
+use super::{case, check_applies, delivery_needs_target, Case};
 use crate::ensure;
 use crate::pair::{fake_device_memory, pattern, Context, Outcome, Pair, TestResult, WAIT};
 
@@ -335,11 +335,26 @@ fn peer_closed(pair: &mut Pair) -> TestResult {
     }
 }
 
-/// The target process is killed in the middle of a stream of puts: the
-/// flush after them fails with a peer error, every put completes in
-/// bounded time with success or a peer error, no put still pending when
-/// the endpoint reported the peer dead succeeds later, and the peer stays
-/// dead for what is posted after that.
+/// Puts peer_killed posts to the stopped target at most, waiting for a
+/// NoResource: 64 MiB of 64 KiB puts, far beyond tcp's queue and socket
+/// buffers. posix and cma copy at once and never refuse.
+const STOPPED_PUTS: usize = 1024;
+
+/// The target process dies with puts pending: after a healthy stream, the
+/// target is stopped (`Target::hold`: the child stops driving its iface,
+/// as a SIGSTOP would stop it; only the target's progress is taken away,
+/// which is all a transport's data path can need of its CPU), puts with a
+/// completion each are posted until the transport refuses one (a refused
+/// put is not posted: its completion is never started), the puts still
+/// pending are noted, and then the process is killed. Every completion
+/// must then fire, with success or a peer error; where delivery needs the
+/// target's progress (tcp, see [`delivery_needs_target`]) at least one put
+/// must have been pending, and none of those may succeed: the peer never
+/// executed them. Where the target's memory is written without its CPU
+/// (posix and cma by the initiator, rc by the NIC) a pending put may
+/// legitimately complete with success after the kill: it did land. Then a
+/// put or the flush after it fails with a peer error within [`WAIT`], and
+/// the peer stays dead for what is posted after that.
 fn peer_killed(pair: &mut Pair) -> TestResult {
     let piece = 64 << 10;
     let local = pair.alloc(piece, Access::all_rights())?;
@@ -354,51 +369,106 @@ fn peer_killed(pair: &mut Pair) -> TestResult {
         crate::cases::ordering::put_retrying(pair, &iov, addr(i), &rkey, &healthy)?;
     }
     pair.flush().ctx("flush to the live peer")?;
-    // Then puts in flight when it dies, and puts after.
-    let mut comps = Vec::new();
-    for i in 0..48usize {
-        if i == 16 {
-            ensure!(pair.target.kill()?, "the target has no process to kill");
-        }
+    let transport = pair.resource.tl.transport.clone();
+    let strict = delivery_needs_target(&transport);
+    // Stop the target, then fill the transport's queues.
+    pair.target.hold(true)?;
+    let mut posted: Vec<(usize, Completion)> = Vec::new();
+    let mut refused = false;
+    let mut done_at_once = 0usize;
+    for i in 0..STOPPED_PUTS {
         let comp = Completion::new();
         let iov = [Iov::new(&local, 0, piece)];
-        match pair.ep.put_zcopy(&iov, addr(i), &rkey, Some(&comp)) {
-            Ok(_) => comps.push((i, comp)),
-            Err(e) if i >= 16 => peer_error(&format!("put {i}, posted after the kill"), &e)?,
-            Err(e) => return Err(format!("put {i} to the live peer failed: {e}")),
+        match pair
+            .ep
+            .put_zcopy(&iov, addr(i), &rkey, Some(&comp))
+            .ctx(&format!("put {i} to the stopped, still living peer"))?
+        {
+            // Not posted: its untouched completion would read as a success.
+            Status::NoResource => {
+                refused = true;
+                break;
+            }
+            // Complete at once, before the kill.
+            Status::Done => done_at_once += 1,
+            Status::InProgress => posted.push((i, comp)),
         }
         pair.progress();
     }
-    match pair.flush_outcome() {
-        Outcome::Failed(e) => peer_error("the flush after the kill", &e)?,
-        Outcome::Done => return Err("a flush to a killed peer succeeded".into()),
-        Outcome::Pending => {
-            return Err(format!(
-                "a flush to a killed peer neither failed nor completed in {WAIT:?}"
-            ))
-        }
-    }
-    // The endpoint has said the peer is dead: what was still pending then
-    // must not succeed.
-    let pending: Vec<usize> = comps
+    let pending: Vec<usize> = posted
         .iter()
         .filter(|(_, comp)| !comp.is_complete())
         .map(|(i, _)| *i)
         .collect();
-    let all: Vec<Completion> = comps.iter().map(|(_, comp)| comp.clone()).collect();
-    pair.wait_for("pending puts after the peer died", |_| {
+    log::info!(
+        "{transport}: peer_killed: to the stopped target, {done_at_once} puts done at once, {} \
+         in progress, {} of them pending at the kill; refused: {refused}",
+        posted.len(),
+        pending.len()
+    );
+    if strict {
+        ensure!(
+            refused,
+            "{STOPPED_PUTS} puts of {piece} bytes posted to a stopped {transport} target, never a \
+             NoResource"
+        );
+        ensure!(
+            !pending.is_empty(),
+            "no put was pending when the stopped {transport} target was killed: the check that \
+             none of them succeeds would be empty"
+        );
+    }
+    ensure!(pair.target.kill()?, "the target has no process to kill");
+    let all: Vec<Completion> = posted.iter().map(|(_, comp)| comp.clone()).collect();
+    pair.wait_for("the completions of the puts after the peer died", |_| {
         Ok(all.iter().all(Completion::is_complete))
     })?;
-    for (i, comp) in &comps {
+    for (i, comp) in &posted {
         match comp.result() {
-            Ok(()) if pending.contains(i) => {
+            Ok(()) if strict && pending.contains(i) => {
                 return Err(format!(
-                    "put {i} was pending when the flush reported the peer dead, then succeeded"
+                    "put {i} was pending when the stopped {transport} target was killed, and then \
+                     succeeded: the target never executed it"
                 ))
             }
             Ok(()) => {}
             Err(e) => peer_error(&format!("put {i}"), &e)?,
         }
+    }
+    // The death is reported in bounded time: a put and a flush after the
+    // kill, again until one fails with a peer error. Where every put to the
+    // stopped target has completed (rc's NIC acknowledged them all), a
+    // flush with nothing outstanding is Done without asking the peer, and
+    // rc's NIC may still answer for the dead process's queue pair until
+    // the kernel has destroyed it: the first rounds may succeed there.
+    let killed = std::time::Instant::now();
+    let mut round = 0usize;
+    loop {
+        let comp = Completion::new();
+        let iov = [Iov::new(&local, 0, piece)];
+        let put = pair.post_outcome(&comp, |ep, comp| {
+            ep.put_zcopy(&iov, addr(round), &rkey, Some(comp))
+        });
+        let outcome = match put {
+            Outcome::Done => pair.flush_outcome(),
+            other => other,
+        };
+        match outcome {
+            Outcome::Failed(e) => {
+                peer_error("a put or flush after the kill", &e)?;
+                break;
+            }
+            Outcome::Pending => {
+                return Err(format!(
+                    "a put or flush to a killed peer neither failed nor completed in {WAIT:?}"
+                ))
+            }
+            Outcome::Done => round += 1,
+        }
+        ensure!(
+            killed.elapsed() < WAIT,
+            "{round} puts and flushes to a killed peer succeeded in {WAIT:?}"
+        );
     }
     // Once dead, the peer stays dead: a put posted now fails or, where a
     // put is a local copy (posix writes into the still-mapped segment), the

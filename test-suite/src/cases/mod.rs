@@ -74,6 +74,29 @@ pub(crate) fn check_applies(
     }
 }
 
+/// Whether a transport's puts and flushes need the target's own progress
+/// to reach target memory, so that a stopped target (`Target::hold`, a
+/// SIGSTOPped process) leaves them pending. Decided from what each
+/// transport documents of its data path:
+/// - tcp: yes. "put, get and atomics carried as messages that the target
+///   executes in its `progress`" (tl-tcp/src/lib.rs): until the target
+///   reads its socket, a put is in a socket buffer or the send queue, and a
+///   flush's reply never comes.
+/// - self and loop (the example module's self endpoint): no, the initiator
+///   copies into memory of its own process.
+/// - posix: no, "put and get are copies into the mapped segment"
+///   (tl-sm/src/posix/mod.rs), done by the initiator.
+/// - cma: no, process_vm_writev writes the target's memory from the
+///   initiator's side; the kernel does it, not the target.
+/// - rc: no, RDMA writes: the target's NIC writes its memory and
+///   acknowledges, without the target's CPU.
+///
+/// A transport not named here is treated as not needing it: the cases then
+/// check only what holds either way.
+pub(crate) fn delivery_needs_target(transport: &str) -> bool {
+    matches!(transport, "tcp")
+}
+
 /// Every case, in a stable order.
 pub fn all() -> Vec<Case> {
     let mut cases = Vec::new();

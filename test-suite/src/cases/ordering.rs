@@ -2,7 +2,7 @@
 
 use uct_core::{Access, Caps, Completion, Iov, Status};
 
-use super::{case, Case};
+use super::{case, delivery_needs_target, Case};
 use crate::ensure;
 use crate::pair::{pattern, Context, Pair, TestResult, WAIT};
 
@@ -12,6 +12,11 @@ pub fn cases() -> Vec<Case> {
             "flush_stream",
             Caps::PUT_ZCOPY.union(Caps::FLUSH),
             flush_stream,
+        ),
+        case(
+            "flush_waits_for_target",
+            Caps::PUT_BCOPY.union(Caps::FLUSH),
+            flush_waits_for_target,
         ),
         case("fence", Caps::PUT_BCOPY.union(Caps::FENCE), fence),
         case("back_pressure", Caps::AM_BCOPY, back_pressure),
@@ -88,6 +93,112 @@ fn flush_stream(pair: &mut Pair) -> TestResult {
         comp.result().ctx(&format!("put {i}"))?;
     }
     Ok(())
+}
+
+/// How long flush_waits_for_target drives the initiator alone, with the
+/// target stopped, before it lets the target go on.
+const HELD_FOR: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// A flush completes only once what was put before it is at the target.
+/// With the target stopped (`Target::hold`: its iface is not driven, here
+/// or in the child), a few puts and a flush are posted, and only the
+/// initiator progresses for [`HELD_FOR`]: a flush that completes meanwhile
+/// must find every byte already in target memory. Where delivery needs
+/// the target's progress (tcp, see [`delivery_needs_target`]) nothing can
+/// land while it is stopped, so there the flush must still be pending: a
+/// flush that completes once the local send queue has drained fails. Where
+/// the initiator or a NIC writes target memory (self, loop, posix, cma,
+/// rc), a flush may complete meanwhile, and then the bytes must be there.
+/// Let go, the target executes what waited, the flush completes without
+/// an error, and every byte is there.
+fn flush_waits_for_target(pair: &mut Pair) -> TestResult {
+    let count = 8usize;
+    let piece = pair.attrs().put.max_bcopy.min(4096);
+    ensure!(
+        piece > 0,
+        "put_bcopy is advertised with a largest size of 0"
+    );
+    let remote = pair.remote(count * piece, Access::all_rights())?;
+    let rkey = pair.rkey(&remote)?;
+    let data = pattern(count * piece, 5000);
+    let needs_target = delivery_needs_target(&pair.resource.tl.transport);
+    pair.target.hold(true)?;
+    let held = flush_while_held(pair, &remote, &rkey, &data, piece);
+    // Let the target go on whatever happened, so that the pair closes.
+    pair.target.hold(false)?;
+    let (comp, flushed) = held?;
+    let at_target = pair.remote_read(&remote, 0, data.len())?;
+    if flushed && needs_target {
+        return Err(format!(
+            "the flush completed while the target was stopped ({} of {} bytes there): {} puts \
+             land only when the target executes them, so the flush cannot know they did",
+            at_target.iter().zip(&data).filter(|(a, b)| a == b).count(),
+            data.len(),
+            pair.resource.tl.transport
+        ));
+    }
+    pair.wait_for("the flush, once the target goes on", |_| {
+        Ok(comp.is_complete())
+    })?;
+    comp.result().ctx("the flush, once the target went on")?;
+    let got = pair.remote_read(&remote, 0, data.len())?;
+    if let Some(at) = got.iter().zip(&data).position(|(a, b)| a != b) {
+        return Err(format!(
+            "the flush completed before put {} (byte {at}) had landed",
+            at / piece
+        ));
+    }
+    Ok(())
+}
+
+/// The held part of flush_waits_for_target: puts, a flush, [`HELD_FOR`] of
+/// the initiator's progress; if the flush completed, checks the target
+/// memory at once, before anything else is driven. Returns the flush's
+/// completion and whether it completed.
+fn flush_while_held(
+    pair: &mut Pair,
+    remote: &crate::target::RemoteMem,
+    rkey: &uct_core::RemoteKey,
+    data: &[u8],
+    piece: usize,
+) -> Result<(Completion, bool), String> {
+    for (i, chunk) in data.chunks(piece).enumerate() {
+        let addr = remote.addr + (i * piece) as u64;
+        post_retrying(pair, "put to the stopped target", |ep| {
+            ep.put_bcopy(chunk, addr, rkey)
+        })?;
+    }
+    let comp = Completion::new();
+    let t0 = std::time::Instant::now();
+    let mut flushed = loop {
+        match pair.ep.flush(Some(&comp)).ctx("flush")? {
+            Status::Done => break true,
+            Status::InProgress => break false,
+            Status::NoResource => {
+                pair.progress();
+                ensure!(t0.elapsed() < WAIT, "flush: no send resources for {WAIT:?}");
+            }
+        }
+    };
+    let t0 = std::time::Instant::now();
+    while !flushed && t0.elapsed() < HELD_FOR {
+        // The target is held: only the initiator progresses.
+        pair.progress();
+        flushed = comp.is_complete();
+    }
+    if flushed {
+        comp.result()
+            .ctx("a flush that completed while the target was stopped")?;
+        let got = pair.remote_read(remote, 0, data.len())?;
+        if let Some(at) = got.iter().zip(data).position(|(a, b)| a != b) {
+            return Err(format!(
+                "the flush completed while the target was stopped, before put {} (byte {at}) \
+                 had landed",
+                at / piece
+            ));
+        }
+    }
+    Ok((comp, flushed))
 }
 
 /// A put after a fence is not overtaken by a put before it: a large put,

@@ -1,6 +1,8 @@
 //! Put and get at every size class, single buffers and iov lists.
 
-use uct_core::{Access, Caps, Completion, CompletionData, Endpoint, Iov, RemoteKey, Status};
+use uct_core::{
+    Access, Caps, Completion, CompletionData, Endpoint, Iov, MemHandle, RemoteKey, Status,
+};
 
 use super::{case, Case};
 use crate::ensure;
@@ -46,13 +48,66 @@ const GUARD_BYTE: u8 = 0xa5;
 /// Largest zero-copy size tried.
 const ZCOPY_CAP: usize = 4 << 20;
 
+/// What the target holds around the range a get reads: not
+/// [`GUARD_BYTE`], so that a get that reads and writes past its range
+/// changes the local guard bytes.
+const AROUND_GET: u8 = 0x5a;
+/// Local offset of a get's destination: unaligned, after guard bytes.
+const LOCAL_OFF: usize = GUARD + 5;
+
+/// Fills the bytes around `[at, at + len)` of `remote` (up to [`GUARD`]
+/// each side, within the region) with `byte`.
+fn fill_around(pair: &mut Pair, remote: &RemoteMem, at: usize, len: usize, byte: u8) -> TestResult {
+    let before = at.min(GUARD);
+    pair.remote_write(remote, at - before, &vec![byte; before])?;
+    let after = remote.len.saturating_sub(at + len).min(GUARD);
+    pair.remote_write(remote, at + len, &vec![byte; after])
+}
+
 /// Fills the bytes around `[at, at + len)` of `remote` (up to [`GUARD`]
 /// each side, within the region) with [`GUARD_BYTE`].
 pub(crate) fn set_guards(pair: &mut Pair, remote: &RemoteMem, at: usize, len: usize) -> TestResult {
-    let before = at.min(GUARD);
-    pair.remote_write(remote, at - before, &vec![GUARD_BYTE; before])?;
-    let after = remote.len.saturating_sub(at + len).min(GUARD);
-    pair.remote_write(remote, at + len, &vec![GUARD_BYTE; after])
+    fill_around(pair, remote, at, len, GUARD_BYTE)
+}
+
+/// Fills `[at - GUARD, at + len + GUARD)` of a get's local destination
+/// with [`GUARD_BYTE`]: the destination itself too, so that stale bytes of
+/// an earlier get are not taken for this one's.
+fn set_local_guards(local: &MemHandle, at: usize, len: usize) -> TestResult {
+    local
+        .write(at - GUARD, &vec![GUARD_BYTE; GUARD + len + GUARD])
+        .ctx("fill the local guard bytes")
+}
+
+/// Checks that a get of `want.len()` bytes left `want` at `at` of `local`,
+/// and the [`GUARD`] bytes on either side as [`set_local_guards`] wrote
+/// them.
+fn check_local(what: &str, local: &MemHandle, at: usize, want: &[u8]) -> TestResult {
+    let len = want.len();
+    let mut seen = vec![0u8; GUARD + len + GUARD];
+    local.read(at - GUARD, &mut seen).ctx("read local")?;
+    if let Some(first) = seen[GUARD..GUARD + len]
+        .iter()
+        .zip(want)
+        .position(|(a, b)| a != b)
+    {
+        return Err(format!(
+            "{what} of {len} bytes returned other bytes (first difference at byte {first})"
+        ));
+    }
+    if let Some(i) = seen[..GUARD].iter().rposition(|&b| b != GUARD_BYTE) {
+        return Err(format!(
+            "{what} of {len} bytes changed local memory {} bytes before its destination",
+            GUARD - i
+        ));
+    }
+    if let Some(i) = seen[GUARD + len..].iter().position(|&b| b != GUARD_BYTE) {
+        return Err(format!(
+            "{what} of {len} bytes changed local memory {} bytes after its destination",
+            i + 1
+        ));
+    }
+    Ok(())
 }
 
 /// Checks that the target holds `want` at `at`, and that the guard bytes
@@ -210,19 +265,27 @@ fn get_short(pair: &mut Pair) -> TestResult {
 fn get_bcopy(pair: &mut Pair) -> TestResult {
     let max = pair.attrs().get.max_bcopy;
     let sizes = sizes("get_bcopy", max, 1 << 20)?;
-    let remote = pair.remote(max + OFF, Access::all_rights())?;
+    let remote = pair.remote(max + OFF + GUARD, Access::all_rights())?;
     let rkey = pair.rkey(&remote)?;
     for (i, len) in sizes.into_iter().enumerate() {
         let data = pattern(len, 500 + i as u64);
         pair.remote_write(&remote, OFF, &data)?;
+        fill_around(pair, &remote, OFF, len, AROUND_GET)?;
         let addr = remote.addr + OFF as u64;
         let comp = Completion::new();
         pair.post_wait("get_bcopy", &comp, |ep, comp| {
             ep.get_bcopy(len, addr, &rkey, comp)
         })
         .ctx("get_bcopy")?;
+        // The bytes come back in a buffer of their own: one longer than
+        // asked for is a get that read past its range.
         match comp.take_data() {
             Some(CompletionData::Bytes(b)) => {
+                ensure!(
+                    b.len() == len,
+                    "get_bcopy of {len} bytes delivered {} bytes",
+                    b.len()
+                );
                 ensure!(b == data, "get_bcopy of {len} bytes returned other bytes")
             }
             other => return Err(format!("get_bcopy delivered {other:?}, not bytes")),
@@ -231,41 +294,50 @@ fn get_bcopy(pair: &mut Pair) -> TestResult {
     Ok(())
 }
 
+/// Gets into local memory surrounded by guard bytes, from target memory
+/// surrounded by other bytes: a get that writes past its destination, or
+/// reads past its source, changes the guards.
 fn get_zcopy(pair: &mut Pair) -> TestResult {
     let max = pair.attrs().get.max_zcopy.min(ZCOPY_CAP);
     let sizes = sizes("get_zcopy", max, ZCOPY_CAP)?;
-    let local = pair.alloc(max, Access::all_rights())?;
-    let remote = pair.remote(max + OFF, Access::all_rights())?;
+    let local = pair.alloc(LOCAL_OFF + max + GUARD, Access::all_rights())?;
+    let remote = pair.remote(max + OFF + GUARD, Access::all_rights())?;
     let rkey = pair.rkey(&remote)?;
     for (i, len) in sizes.into_iter().enumerate() {
         let data = pattern(len, 600 + i as u64);
         pair.remote_write(&remote, OFF, &data)?;
+        fill_around(pair, &remote, OFF, len, AROUND_GET)?;
+        set_local_guards(&local, LOCAL_OFF, len)?;
         let addr = remote.addr + OFF as u64;
         let comp = Completion::new();
         pair.post_wait("get_zcopy", &comp, |ep, comp| {
-            ep.get_zcopy(&[Iov::new(&local, 0, len)], addr, &rkey, Some(comp))
+            ep.get_zcopy(&[Iov::new(&local, LOCAL_OFF, len)], addr, &rkey, Some(comp))
         })
         .ctx("get_zcopy")?;
-        let mut got = vec![0u8; len];
-        local.read(0, &mut got).ctx("read local")?;
-        ensure!(got == data, "get_zcopy of {len} bytes returned other bytes");
+        check_local("get_zcopy", &local, LOCAL_OFF, &data)?;
     }
     Ok(())
 }
 
+/// As get_zcopy, scattered into pieces of several handles, each with its
+/// own guard bytes.
 fn get_zcopy_iov(pair: &mut Pair) -> TestResult {
     let pieces = pair.attrs().get.max_iov.clamp(1, 4);
     let piece = 777;
-    let remote = pair.remote(pieces * piece + OFF, Access::all_rights())?;
+    let remote = pair.remote(pieces * piece + OFF + GUARD, Access::all_rights())?;
     let data = pattern(pieces * piece, 700);
     pair.remote_write(&remote, OFF, &data)?;
+    fill_around(pair, &remote, OFF, data.len(), AROUND_GET)?;
     let rkey = pair.rkey(&remote)?;
     let locals: Vec<_> = (0..pieces)
-        .map(|_| pair.alloc(piece + 5, Access::all_rights()))
+        .map(|_| pair.alloc(LOCAL_OFF + piece + GUARD, Access::all_rights()))
         .collect::<Result<_, _>>()?;
+    for local in &locals {
+        set_local_guards(local, LOCAL_OFF, piece)?;
+    }
     let iov: Vec<Iov> = locals
         .iter()
-        .map(|local| Iov::new(local, 5, piece))
+        .map(|local| Iov::new(local, LOCAL_OFF, piece))
         .collect();
     let addr = remote.addr + OFF as u64;
     let comp = Completion::new();
@@ -274,12 +346,12 @@ fn get_zcopy_iov(pair: &mut Pair) -> TestResult {
     })
     .ctx("get_zcopy")?;
     for (i, local) in locals.iter().enumerate() {
-        let mut got = vec![0u8; piece];
-        local.read(5, &mut got).ctx("read local")?;
-        ensure!(
-            got == data[i * piece..(i + 1) * piece],
-            "iov piece {i} of get_zcopy holds other bytes"
-        );
+        check_local(
+            &format!("iov piece {i} of get_zcopy"),
+            local,
+            LOCAL_OFF,
+            &data[i * piece..(i + 1) * piece],
+        )?;
     }
     Ok(())
 }
