@@ -21,8 +21,7 @@ fn sim() -> String {
 
 fn cmd(bin: &str) -> Command {
     let mut c = Command::new(bin);
-    c.env_remove("UCT_TLS")
-        .env("UCT_GAUDI_HLTHUNK_LIB", sim());
+    c.env_remove("UCT_TLS").env("UCT_GAUDI_HLTHUNK_LIB", sim());
     c
 }
 
