@@ -213,21 +213,27 @@ impl AmHandlers {
     /// Calls the handler of `id` with `data`. A message with no handler (or
     /// an id out of range, which a peer may send) is dropped with a warning;
     /// returns whether a handler ran.
+    #[inline]
     pub fn deliver(&mut self, id: u8, data: &[u8]) -> bool {
         match self.slots.get_mut(id as usize).and_then(Option::as_mut) {
-            Some(h) => {
-                h(AmMessage { id, data });
+            Some(handler) => {
+                handler(AmMessage { id, data });
                 true
             }
             None => {
-                log::warn!(
-                    "{}: dropped active message {id} ({} bytes): no handler set",
-                    self.transport,
-                    data.len()
-                );
+                self.dropped(id, data.len());
                 false
             }
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn dropped(&self, id: u8, len: usize) {
+        log::warn!(
+            "{}: dropped active message {id} ({len} bytes): no handler set",
+            self.transport
+        );
     }
 }
 
