@@ -176,14 +176,18 @@ impl GaudiMd {
             dmabuf: Some(dmabuf),
             live: self.live.clone(),
         };
-        Ok(MemRegion::new(
-            va,
-            len,
-            MemoryType::Gaudi,
-            access,
-            self.dev.name.clone(),
-            Box::new(backing),
-        ))
+        // SAFETY: Gaudi memory is not host-accessible; `va` is a device
+        // address the CPU never dereferences.
+        Ok(unsafe {
+            MemRegion::new(
+                va,
+                len,
+                MemoryType::Gaudi,
+                access,
+                self.dev.name.clone(),
+                Box::new(backing),
+            )
+        })
     }
 
     /// The live allocation holding `[addr, addr+len)`: (base, its length).

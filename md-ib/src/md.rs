@@ -198,7 +198,14 @@ impl IbMd {
         Ok(RemoteKey::new(component, entry.md.clone(), Box::new(key)))
     }
 
-    fn handle(
+    /// Wraps a registration in a memory handle.
+    ///
+    /// # Safety
+    ///
+    /// Where `mem_type` is host-accessible, `[addr, addr + len)` is host
+    /// memory that stays valid as long as `backing` (which owns it, or its
+    /// owner's handle, or the caller of `register` vouched for it).
+    unsafe fn handle(
         &self,
         backing: IbBacking,
         addr: u64,
@@ -206,14 +213,17 @@ impl IbMd {
         mem_type: MemoryType,
         access: Access,
     ) -> MemHandle {
-        MemRegion::new(
-            addr,
-            len,
-            mem_type,
-            access,
-            self.info.name.clone(),
-            Box::new(backing),
-        )
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            MemRegion::new(
+                addr,
+                len,
+                mem_type,
+                access,
+                self.info.name.clone(),
+                Box::new(backing),
+            )
+        }
     }
 }
 
@@ -268,7 +278,8 @@ impl MemoryDomain for IbMd {
             _alloc: Some(mem),
             _owner: None,
         };
-        Ok(self.handle(backing, addr, len, MemoryType::Host, access))
+        // SAFETY: the allocation lives in the backing.
+        Ok(unsafe { self.handle(backing, addr, len, MemoryType::Host, access) })
     }
 
     unsafe fn register(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemHandle> {
@@ -279,7 +290,8 @@ impl MemoryDomain for IbMd {
             _alloc: None,
             _owner: None,
         };
-        Ok(self.handle(backing, addr as u64, len, MemoryType::Host, access))
+        // SAFETY: forwarded contract of `register`.
+        Ok(unsafe { self.handle(backing, addr as u64, len, MemoryType::Host, access) })
     }
 
     fn register_dmabuf(
@@ -296,7 +308,8 @@ impl MemoryDomain for IbMd {
             _alloc: None,
             _owner: None,
         };
-        Ok(self.handle(backing, iova, len, MemoryType::DmaBuf, access))
+        // SAFETY: DMA-buf memory is not host-accessible through the iova.
+        Ok(unsafe { self.handle(backing, iova, len, MemoryType::DmaBuf, access) })
     }
 
     fn register_handle(&self, mem: &MemHandle, access: Access) -> Result<MemHandle> {
@@ -309,7 +322,10 @@ impl MemoryDomain for IbMd {
                 _alloc: None,
                 _owner: Some(mem.clone()),
             };
-            return Ok(self.handle(backing, mem.addr(), mem.len(), mem.mem_type(), access));
+            // SAFETY: the backing holds `mem`, which keeps the memory.
+            return Ok(unsafe {
+                self.handle(backing, mem.addr(), mem.len(), mem.mem_type(), access)
+            });
         }
         // Device memory: ask its owner for a DMA-buf, and register that
         // with iova = the device VA, so that work requests and rkeys use
@@ -359,7 +375,8 @@ impl MemoryDomain for IbMd {
             _alloc: None,
             _owner: Some(mem.clone()),
         };
-        Ok(self.handle(backing, mem.addr(), mem.len(), mem.mem_type(), access))
+        // SAFETY: device memory, kept alive by `mem` in the backing.
+        Ok(unsafe { self.handle(backing, mem.addr(), mem.len(), mem.mem_type(), access) })
     }
 
     fn refusal(&self, mem_type: MemoryType) -> Option<String> {

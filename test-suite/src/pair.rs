@@ -330,12 +330,16 @@ pub fn fake_device_memory(mem_type: MemoryType) -> MemHandle {
             self
         }
     }
-    MemRegion::new(
-        0x1000_0000,
-        4096,
-        mem_type,
-        Access::all(),
-        "fake-device",
-        Box::new(NoBacking),
-    )
+    // SAFETY: the region is device memory (callers pass a non-host type),
+    // so nothing accesses its address from the CPU.
+    unsafe {
+        MemRegion::new(
+            0x1000_0000,
+            4096,
+            mem_type,
+            Access::all(),
+            "fake-device",
+            Box::new(NoBacking),
+        )
+    }
 }

@@ -155,4 +155,16 @@ pub trait Endpoint: Send {
             "this transport connects to ifaces, not endpoints".into(),
         ))
     }
+
+    /// Checks that the peer is alive, as UCX's `uct_ep_check`: returns
+    /// [`EndpointFailed`](crate::UctError::EndpointFailed) (or the error
+    /// that failed the endpoint) naming the peer once it is known dead, even
+    /// with nothing outstanding. Cheap enough for every turn of a waiting
+    /// loop: transports rate-limit the probe behind it (a pidfd poll for
+    /// shared memory, the socket for tcp, a keepalive for rc) and find a dead
+    /// peer within their `UCT_*_PEER_TIMEOUT`. Transports whose peer is this
+    /// process answer `Ok`.
+    fn check(&mut self) -> Result<()> {
+        Ok(())
+    }
 }

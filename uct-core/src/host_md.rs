@@ -149,17 +149,20 @@ impl MemoryDomain for HostMd {
         let mem = HostAlloc::new(len)?;
         let addr = mem.as_ptr() as u64;
         let reg = self.table.insert(addr, len as u64, access);
-        Ok(MemRegion::new(
-            addr,
-            len,
-            MemoryType::Host,
-            access,
-            self.name.clone(),
-            Box::new(HostBacking {
-                reg: Some(reg),
-                alloc: Some(mem),
-            }),
-        ))
+        // SAFETY: the allocation moves into the backing, which keeps it.
+        Ok(unsafe {
+            MemRegion::new(
+                addr,
+                len,
+                MemoryType::Host,
+                access,
+                self.name.clone(),
+                Box::new(HostBacking {
+                    reg: Some(reg),
+                    alloc: Some(mem),
+                }),
+            )
+        })
     }
 
     unsafe fn register(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemHandle> {
@@ -169,17 +172,20 @@ impl MemoryDomain for HostMd {
             ));
         }
         let reg = self.table.insert(addr as u64, len as u64, access);
-        Ok(MemRegion::new(
-            addr as u64,
-            len,
-            MemoryType::Host,
-            access,
-            self.name.clone(),
-            Box::new(HostBacking {
-                reg: Some(reg),
-                alloc: None,
-            }),
-        ))
+        // SAFETY: forwarded contract of `register`.
+        Ok(unsafe {
+            MemRegion::new(
+                addr as u64,
+                len,
+                MemoryType::Host,
+                access,
+                self.name.clone(),
+                Box::new(HostBacking {
+                    reg: Some(reg),
+                    alloc: None,
+                }),
+            )
+        })
     }
 
     fn query(&self, addr: u64, len: usize) -> Result<MemInfo> {

@@ -138,7 +138,15 @@ pub type MemHandle = Arc<MemRegion>;
 impl MemRegion {
     /// Builds a region. `addr` is the CPU address for host memory and the
     /// device virtual address for device memory.
-    pub fn new(
+    ///
+    /// # Safety
+    ///
+    /// Where `mem_type` is host-accessible, `[addr, addr + len)` must be
+    /// memory this process may read and write, and it must stay mapped until
+    /// `backing` is dropped: [`read`](Self::read), [`write`](Self::write)
+    /// and the transports access it through the address alone. Only memory
+    /// domains build regions, from memory they allocated or registered.
+    pub unsafe fn new(
         addr: u64,
         len: usize,
         mem_type: MemoryType,

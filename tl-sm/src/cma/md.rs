@@ -79,7 +79,12 @@ impl CmaMd {
 
     /// Publishes a record for `len` bytes at `addr` and wraps it in a
     /// memory handle; `alloc` is the memory when this MD allocated it.
-    fn handle(
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` is host memory that stays valid as long as the
+    /// handle: `alloc` itself, or memory the caller of `register` vouched for.
+    unsafe fn handle(
         &self,
         addr: u64,
         len: usize,
@@ -89,18 +94,21 @@ impl CmaMd {
         let secret = crate::host::random_u64();
         let slot = records::publish(secret, addr, len as u64, access)?;
         let key = new_soft_key(secret, addr, len, access);
-        Ok(MemRegion::new(
-            addr,
-            len,
-            MemoryType::Host,
-            access,
-            MD_NAME,
-            Box::new(CmaBacking {
-                slot: Some(slot),
-                key,
-                alloc,
-            }),
-        ))
+        // SAFETY: forwarded from this function's contract.
+        Ok(unsafe {
+            MemRegion::new(
+                addr,
+                len,
+                MemoryType::Host,
+                access,
+                MD_NAME,
+                Box::new(CmaBacking {
+                    slot: Some(slot),
+                    key,
+                    alloc,
+                }),
+            )
+        })
     }
 }
 
@@ -139,7 +147,8 @@ impl MemoryDomain for CmaMd {
             });
         }
         let mem = HostAlloc::new(len)?;
-        self.handle(mem.as_ptr() as u64, len, access, Some(mem))
+        // SAFETY: the allocation moves into the handle, which keeps it.
+        unsafe { self.handle(mem.as_ptr() as u64, len, access, Some(mem)) }
     }
 
     unsafe fn register(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemHandle> {
@@ -148,7 +157,9 @@ impl MemoryDomain for CmaMd {
                 "cannot register a null address".into(),
             ));
         }
-        self.handle(addr as u64, len, access, None)
+        // SAFETY: forwarded contract of `register`: the memory outlives the
+        // handle.
+        unsafe { self.handle(addr as u64, len, access, None) }
     }
 
     fn pack_rkey(&self, mem: &MemHandle) -> Result<RkeyEntry> {

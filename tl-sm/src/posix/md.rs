@@ -118,14 +118,18 @@ impl MemoryDomain for PosixMd {
         let map = Mapping::create(&name, len, secret, access)?;
         let addr = map.data_ptr() as u64;
         let key = new_soft_key(secret, addr, len, access);
-        Ok(MemRegion::new(
-            addr,
-            len,
-            MemoryType::Host,
-            access,
-            MD_NAME,
-            Box::new(PosixBacking { map, name, key }),
-        ))
+        // SAFETY: `map` is a live mapping of `len` data bytes at `addr`,
+        // owned by the backing, so it stays mapped until the region drops.
+        Ok(unsafe {
+            MemRegion::new(
+                addr,
+                len,
+                MemoryType::Host,
+                access,
+                MD_NAME,
+                Box::new(PosixBacking { map, name, key }),
+            )
+        })
     }
 
     fn pack_rkey(&self, mem: &MemHandle) -> Result<RkeyEntry> {
