@@ -146,6 +146,20 @@ impl MemRegion {
     /// `backing` is dropped: [`read`](Self::read), [`write`](Self::write)
     /// and the transports access it through the address alone. Only memory
     /// domains build regions, from memory they allocated or registered.
+    ///
+    /// Calling it without `unsafe` does not compile, so safe code cannot
+    /// make a region over an arbitrary address and write through it:
+    ///
+    /// ```compile_fail
+    /// use uct_core::memory::MemBacking;
+    /// use uct_core::{Access, MemRegion, MemoryType};
+    /// struct Nothing;
+    /// impl MemBacking for Nothing {
+    ///     fn as_any(&self) -> &dyn std::any::Any { self }
+    /// }
+    /// let r = MemRegion::new(0xdead, 8, MemoryType::Host, Access::all(), "x", Box::new(Nothing));
+    /// let _ = r.len();
+    /// ```
     pub unsafe fn new(
         addr: u64,
         len: usize,
