@@ -1,6 +1,8 @@
 //! Facts about this host and its processes that both sm transports need.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use uct_core::{DeviceType, TlResource, UctError};
 
@@ -21,6 +23,81 @@ pub fn pid_alive(pid: u32) -> bool {
     // signalled; nothing is sent, and no memory of this process is touched.
     let status = unsafe { libc::kill(pid as libc::pid_t, 0) };
     status == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// How often a [`PeerWatch`] asks the kernel; between probes it answers
+/// from its last result, so that waiting loops may call it every turn.
+const PROBE_INTERVAL: Duration = Duration::from_millis(2);
+
+/// Watches a peer process for exit through a pidfd, which, unlike a pid,
+/// cannot be recycled for another process. Without pidfd support (Linux
+/// before 5.3) it falls back to signal 0 on the pid.
+#[derive(Debug)]
+pub struct PeerWatch {
+    pid: u32,
+    pidfd: Option<OwnedFd>,
+    last_probe: Instant,
+    gone: bool,
+}
+
+impl PeerWatch {
+    /// Starts watching process `pid`; a process already gone is reported by
+    /// the first [`check`](Self::check).
+    pub fn new(pid: u32) -> Self {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or
+        // -1; no memory is passed.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        let pidfd = (fd >= 0).then(|| {
+            // SAFETY: the syscall returned a fresh fd that nothing else owns.
+            unsafe { OwnedFd::from_raw_fd(fd as i32) }
+        });
+        let gone = pidfd.is_none() && !pid_alive(pid);
+        PeerWatch {
+            pid,
+            pidfd,
+            last_probe: Instant::now(),
+            gone,
+        }
+    }
+
+    /// The watched pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whether the process has exited; asks the kernel at most every
+    /// [`PROBE_INTERVAL`], and remembers an exit for good.
+    pub fn is_gone(&mut self) -> bool {
+        if self.gone || self.last_probe.elapsed() < PROBE_INTERVAL {
+            return self.gone;
+        }
+        self.last_probe = Instant::now();
+        self.gone = match &self.pidfd {
+            Some(fd) => {
+                let mut pfd = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd, timeout 0: poll only reads and
+                // writes that struct.
+                let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+                // A pidfd turns readable when its process exits.
+                n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+            }
+            None => !pid_alive(self.pid),
+        };
+        self.gone
+    }
+
+    /// `Err` naming the peer once its process is gone.
+    pub fn check(&mut self, transport: &str) -> Result<(), UctError> {
+        if self.is_gone() {
+            Err(peer_gone(transport, self.pid))
+        } else {
+            Ok(())
+        }
+    }
 }
 
 /// An endpoint error for a peer process that is gone.
@@ -67,5 +144,35 @@ pub fn memory_resource(transport: &str) -> TlResource {
         device: "memory".into(),
         device_type: DeviceType::SharedMemory,
         system_device: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_watch_sees_a_child_exit() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let mut watch = PeerWatch::new(child.id());
+        std::thread::sleep(PROBE_INTERVAL * 2);
+        assert!(!watch.is_gone(), "a running child is not gone");
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        std::thread::sleep(PROBE_INTERVAL * 2);
+        assert!(watch.is_gone(), "the watch must see the exit");
+        let e = watch.check("posix").unwrap_err().to_string();
+        assert!(e.contains(&child.id().to_string()), "{e}");
+    }
+
+    #[test]
+    fn peer_watch_of_a_missing_pid_is_gone() {
+        // Pids above pid_max never exist.
+        let mut watch = PeerWatch::new(i32::MAX as u32);
+        std::thread::sleep(PROBE_INTERVAL * 2);
+        assert!(watch.is_gone());
     }
 }
