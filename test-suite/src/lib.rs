@@ -2,6 +2,7 @@
 //! registry finds at run time. Absent transports are reported as skipped,
 //! by name, with the reason.
 
+pub mod adversary;
 pub mod cases;
 pub mod delay;
 pub mod modules;
