@@ -1,0 +1,241 @@
+//! A perftest server killed with SIGKILL mid-run: the client must exit 1
+//! within the transport's peer timeout plus 1 s, naming the dead peer and
+//! the test that was running (issue 12, finding 9). Over posix, tcp and cma;
+//! cma has no active messages, so am_lat runs over posix and tcp only.
+//!
+//! The cases run one at a time: each spins two processes on a small
+//! machine, and a deadline measured under contention would say nothing.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The peer timeout every case sets, short so that the suite stays fast.
+const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+/// What the issue allows beyond the peer timeout.
+const GRACE: Duration = Duration::from_secs(1);
+/// How long the run goes on before the server is killed.
+const RUNNING_FOR: Duration = Duration::from_millis(300);
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("a free port")
+        .local_addr()
+        .expect("its address")
+        .port()
+}
+
+/// The variable that sets `transport`'s peer timeout.
+fn timeout_var(transport: &str) -> String {
+    format!("UCT_{}_PEER_TIMEOUT", transport.to_uppercase())
+}
+
+fn perftest(transport: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_perftest"));
+    cmd.args(["-t", transport]);
+    if transport == "tcp" {
+        cmd.args(["-d", "lo"]);
+    }
+    cmd.args(args)
+        .env_remove("UCT_TLS")
+        .env(
+            timeout_var(transport),
+            format!("{}ms", PEER_TIMEOUT.as_millis()),
+        )
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Kills and reaps `child` when dropped, so that a failed case leaves no
+/// process behind.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads `child`'s stream line by line into a channel, so that the test can
+/// wait for a line with a deadline.
+fn lines_of(stream: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits up to `limit` for a line that contains `needle`; all lines seen.
+fn wait_for_line(rx: &mpsc::Receiver<String>, needle: &str, limit: Duration) -> (bool, String) {
+    let deadline = Instant::now() + limit;
+    let mut seen = String::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                seen.push_str(&line);
+                seen.push('\n');
+                if line.contains(needle) {
+                    return (true, seen);
+                }
+            }
+            Err(_) => return (false, seen),
+        }
+    }
+}
+
+/// Everything left in `rx` once its stream ends, waiting at most `limit`.
+fn drain(rx: &mpsc::Receiver<String>, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    let mut lines = Vec::new();
+    while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        lines.push(line);
+    }
+    lines.join("\n")
+}
+
+/// Starts a server and a long client run of `test`, kills the server with
+/// SIGKILL once the run is going, and checks how the client ends.
+fn server_killed_mid_run(transport: &str, test: &str) {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port().to_string();
+    let mut server = perftest(transport, &["--listen", "-p", &port])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let server_err = lines_of(server.stderr.take().expect("server stderr"));
+    let server = Reaped(server);
+    let (listening, seen) =
+        wait_for_line(&server_err, "waiting for a client", Duration::from_secs(10));
+    assert!(
+        listening,
+        "{transport} {test}: the server did not start:\n{seen}"
+    );
+    let size = if test == "put_bw" { "4k" } else { "8" };
+    let mut client = perftest(
+        transport,
+        &[
+            "127.0.0.1",
+            "-p",
+            &port,
+            "--test",
+            test,
+            "-s",
+            size,
+            "-n",
+            "1000000000",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start the client");
+    let client_out = lines_of(client.stdout.take().expect("client stdout"));
+    let client_err = lines_of(client.stderr.take().expect("client stderr"));
+    let mut client = Reaped(client);
+    // The header is printed once both sides are connected, before the
+    // first phase.
+    let (started, seen) = wait_for_line(&client_out, "# perftest:", Duration::from_secs(10));
+    assert!(
+        started,
+        "{transport} {test}: the client did not start the run:\n{seen}"
+    );
+    std::thread::sleep(RUNNING_FOR);
+    assert!(
+        client.0.try_wait().expect("poll the client").is_none(),
+        "{transport} {test}: the client ended before the server was killed"
+    );
+    let server_pid = server.0.id();
+    let mut server = server;
+    server.0.kill().expect("SIGKILL the server");
+    let killed = Instant::now();
+    let _ = server.0.wait();
+    let limit = PEER_TIMEOUT + GRACE;
+    let status = loop {
+        if let Some(status) = client.0.try_wait().expect("poll the client") {
+            break Some(status);
+        }
+        if killed.elapsed() > limit {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = killed.elapsed();
+    // The client is gone (or killed by Reaped), so its stderr ends.
+    drop(client);
+    let err = drain(&client_err, Duration::from_secs(2));
+    let Some(status) = status else {
+        panic!(
+            "{transport} {test}: the client was still running {took:?} after the server was killed (limit {limit:?}); stderr so far:\n{err}"
+        );
+    };
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "{transport} {test}: exit status {status} after {took:?}; stderr:\n{err}"
+    );
+    let names_peer = match transport {
+        "tcp" => err.contains("127.0.0.1:"),
+        _ => err.contains(&format!("process {server_pid}")),
+    };
+    assert!(
+        names_peer,
+        "{transport} {test}: the error does not name the dead peer (server pid {server_pid}) after {took:?}:\n{err}"
+    );
+    assert!(
+        err.contains(test),
+        "{transport} {test}: the error does not say which test was running:\n{err}"
+    );
+}
+
+#[test]
+fn posix_am_lat() {
+    server_killed_mid_run("posix", "am_lat");
+}
+
+#[test]
+fn posix_put_lat() {
+    server_killed_mid_run("posix", "put_lat");
+}
+
+#[test]
+fn posix_put_bw() {
+    server_killed_mid_run("posix", "put_bw");
+}
+
+#[test]
+fn tcp_am_lat() {
+    server_killed_mid_run("tcp", "am_lat");
+}
+
+#[test]
+fn tcp_put_lat() {
+    server_killed_mid_run("tcp", "put_lat");
+}
+
+#[test]
+fn tcp_put_bw() {
+    server_killed_mid_run("tcp", "put_bw");
+}
+
+#[test]
+fn cma_put_lat() {
+    server_killed_mid_run("cma", "put_lat");
+}
+
+#[test]
+fn cma_put_bw() {
+    server_killed_mid_run("cma", "put_bw");
+}
