@@ -228,3 +228,89 @@ fn a_slot_length_beyond_the_slot_is_clamped() {
     assert_eq!(got[0].1.len(), SLOT_DATA);
     assert_eq!(&got[0].1[..10], &data[..]);
 }
+
+#[test]
+fn a_producer_refuses_positions_no_honest_ring_has() {
+    // The consumer's process owns head and tail; a hostile one sets them
+    // further apart than the ring has slots, or tail past head.
+    let pair = pair();
+    let header = pair.consumer.header();
+    for (head, tail) in [(0, 5), (SLOTS + 1, 0), (7, u64::MAX - 1000)] {
+        header.head.store(head, Ordering::Relaxed);
+        header.tail.store(tail, Ordering::Relaxed);
+        let got = pair.producer.push(1, &[b"x"]);
+        assert!(
+            matches!(got, Err(UctError::Protocol(_))),
+            "head {head} tail {tail}: {:?}",
+            got.map(|p| matches!(p, Push::Full))
+        );
+    }
+}
+
+#[test]
+fn a_rewritten_tail_does_not_replay_messages() {
+    // A producer moves the shared tail back over slots the consumer already
+    // delivered: the consumer must not deliver them again.
+    let pair = pair();
+    assert!(matches!(push(&pair.producer, 1, &[b"one"]), Push::Done));
+    assert!(matches!(push(&pair.producer, 2, &[b"two"]), Push::Done));
+    assert_eq!(drain_all(&pair.consumer).len(), 2);
+    pair.producer.header().tail.store(0, Ordering::Relaxed);
+    assert_eq!(drain_all(&pair.consumer), vec![]);
+}
+
+#[test]
+fn the_handler_sees_a_copy_a_producer_cannot_change() {
+    let pair = pair();
+    let sent = body(3, 64);
+    assert!(matches!(push(&pair.producer, 3, &[&sent]), Push::Done));
+    let mut seen = Vec::new();
+    pair.consumer.drain(|_, data| {
+        // A hostile producer rewrites the published slot while the handler
+        // reads it.
+        // SAFETY: position 0's slot lies inside the producer's mapping;
+        // its data is plain bytes, written through a raw pointer.
+        unsafe { addr_of_mut!((*pair.producer.slot(0)).data).write_bytes(0xee, 1) };
+        seen = data.to_vec();
+    });
+    assert!(seen == sent, "the handler's bytes changed under it");
+}
+
+#[test]
+fn one_drain_delivers_at_most_a_ring_of_messages() {
+    // A producer that publishes as fast as the consumer drains must not keep
+    // one progress call busy for ever.
+    let pair = pair();
+    assert!(matches!(push(&pair.producer, 1, &[b"x"]), Push::Done));
+    let mut delivered = 0u64;
+    let n = pair.consumer.drain(|_, _| {
+        delivered += 1;
+        // Bounded, so that the test ends on code without a budget too.
+        if delivered < 4 * SLOTS {
+            let _ = pair.producer.push(1, &[b"x"]);
+        }
+    });
+    assert!(n as u64 <= SLOTS, "one drain delivered {n} messages");
+}
+
+#[test]
+fn a_slot_with_a_corrupt_length_or_id_is_dropped() {
+    // A hostile producer publishes slots whose length reaches past the slot
+    // or whose id is no AM id: nothing of them reaches a handler.
+    let pair = pair();
+    assert!(matches!(push(&pair.producer, 5, &[b"bad len"]), Push::Done));
+    assert!(matches!(push(&pair.producer, 6, &[b"bad id"]), Push::Done));
+    assert!(matches!(push(&pair.producer, 7, &[b"good"]), Push::Done));
+    // SAFETY: positions 0 and 1 lie inside the ring; len and id are atomics.
+    unsafe {
+        (*pair.producer.slot(0))
+            .len
+            .store(u64::MAX, Ordering::Relaxed);
+        (*pair.producer.slot(1)).id.store(0x105, Ordering::Relaxed);
+    }
+    let got: Vec<(u8, usize)> = drain_all(&pair.consumer)
+        .iter()
+        .map(|(id, data)| (*id, data.len()))
+        .collect();
+    assert_eq!(got, vec![(7, 4)], "(id, length) delivered");
+}
