@@ -83,6 +83,28 @@ struct Book {
 
 /// An open device. Closing it (on drop) makes the driver free whatever is
 /// still allocated through it.
+///
+/// Its free and unmap take what its own alloc and map returned, never an
+/// integer, so safe code cannot free or unmap another's memory through
+/// it. Each of these does not compile:
+///
+/// ```compile_fail,E0308
+/// fn free_any(dev: &md_gaudi::Device) {
+///     let _ = dev.free(0x1000);
+/// }
+/// ```
+///
+/// ```compile_fail,E0308
+/// fn unmap_any(dev: &md_gaudi::Device) {
+///     let _ = dev.unmap(0x1001_0000_0000);
+/// }
+/// ```
+///
+/// ```compile_fail,E0308
+/// fn give_up_any(dev: &md_gaudi::Device) {
+///     let _ = dev.unmap_and_free(0x1001_0000_0000, 0x1000);
+/// }
+/// ```
 pub struct Device {
     lib: Arc<HlThunk>,
     fd: c_int,

@@ -66,6 +66,28 @@ type ExportFn = unsafe extern "C" fn(c_int, u64, u64, u64, u32) -> c_int;
 type DescribeFn = unsafe extern "C" fn() -> *const c_char;
 
 /// The loaded library and the functions md-gaudi uses.
+///
+/// Safe code cannot close, free or unmap what it did not open, allocate or
+/// map: there is no call that takes a bare integer for a device fd, an
+/// allocation handle or a device address. Each of these does not compile:
+///
+/// ```compile_fail,E0599
+/// fn close_any(lib: &md_gaudi::HlThunk) {
+///     let _ = lib.close(3);
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn free_any(lib: &md_gaudi::HlThunk, fd: std::ffi::c_int) {
+///     let _ = lib.mem_free(fd, 0x1000);
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn unmap_any(lib: &md_gaudi::HlThunk, fd: std::ffi::c_int) {
+///     let _ = lib.unmap(fd, 0x1001_0000_0000);
+/// }
+/// ```
 pub struct HlThunk {
     path: PathBuf,
     open: OpenFn,
