@@ -28,8 +28,10 @@ pub struct AmState {
     pub first_bad: Mutex<Option<(u64, String)>>,
 }
 
+/// The first messages of a run: the client's parameters, and the server's
+/// answer. Public so that tests can play a client.
 #[derive(Debug, Serialize, Deserialize)]
-enum Hello {
+pub enum Hello {
     Params(Box<Params>),
     Accept,
     Refuse(String),

@@ -1,0 +1,209 @@
+//! A perftest server facing a client that asks for too much (issue 12,
+//! finding 9): a fake client speaks the bootstrap protocol and proposes
+//! sizes, iteration counts and layouts beyond the server's limits. The
+//! server must refuse, saying why, before it allocates anything, and exit
+//! with status 1: no panic, no abort, no memory to speak of.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tools::perf::params::{Params, TestKind};
+use tools::perf::session::Hello;
+use uct_core::bootstrap::BootstrapChannel;
+
+/// The most a refusing server may have resident at its peak: a perftest
+/// process with one tcp iface, far below any buffer it was asked for.
+const RSS_LIMIT_KIB: i64 = 128 << 10;
+/// How soon the refusal must come.
+const ANSWER_WITHIN: Duration = Duration::from_secs(3);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("a free port")
+        .local_addr()
+        .expect("its address")
+        .port()
+}
+
+/// What the server runs: tcp over loopback, put_bw, host memory.
+fn server_params() -> Params {
+    Params {
+        transport: "tcp".into(),
+        device: Some("lo".into()),
+        mem_send: "host".into(),
+        mem_recv: "host".into(),
+        test: TestKind::PutBw,
+        layout: None,
+        sizes: vec![8],
+        iters: Some(10),
+        warmup: None,
+        outstanding: 32,
+        validate: false,
+        stage_validation: false,
+        percentile: 99.0,
+        inject_corruption: None,
+    }
+}
+
+/// How the server process ended, and its peak resident memory.
+struct Ended {
+    code: Option<i32>,
+    signal: Option<i32>,
+    max_rss_kib: i64,
+}
+
+/// Reaps `child` within `limit` (killing it after), with its own rusage.
+fn reap(child: &mut Child, limit: Duration) -> Ended {
+    let pid = child.id() as libc::pid_t;
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is a valid value of that plain struct.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: wait4 writes only the status and the rusage we pass; the
+        // pid is our own child, not yet reaped.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if r == pid {
+            return Ended {
+                code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+                signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+                max_rss_kib: usage.ru_maxrss,
+            };
+        }
+        assert!(r == 0, "wait4 failed: {}", std::io::Error::last_os_error());
+        if Instant::now() > deadline {
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Starts a tcp server, proposes `params` as a client would, and returns
+/// the server's answer (with how long it took) and how the server ended.
+fn propose(params: Params) -> (Result<Hello, String>, Duration, Ended) {
+    let port = free_port();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_perftest"))
+        .args(["--listen", "-t", "tcp", "-d", "lo", "-p", &port.to_string()])
+        .env_remove("UCT_TLS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let mut err = BufReader::new(server.stderr.take().expect("server stderr"));
+    let mut line = String::new();
+    while !line.contains("waiting for a client") {
+        line.clear();
+        if err.read_line(&mut line).unwrap_or(0) == 0 {
+            panic!("the server ended before listening");
+        }
+    }
+    let mut ch = BootstrapChannel::connect(("127.0.0.1", port), Duration::from_secs(10))
+        .expect("connect to the server");
+    let asked = Instant::now();
+    ch.send_msg(&Hello::Params(Box::new(params)))
+        .expect("send the parameters");
+    let answer = ch.recv_msg::<Hello>().map_err(|e| e.to_string());
+    let took = asked.elapsed();
+    drop(ch);
+    // Whatever the server does next, the client is gone; it must end.
+    let ended = reap(&mut server, Duration::from_secs(10));
+    (answer, took, ended)
+}
+
+/// Proposes `params` and checks that the server refused in time with a
+/// reason that contains `because`, without memory, and exited with 1.
+fn refused(case: &str, params: Params, because: &str) {
+    let (answer, took, ended) = propose(params);
+    match answer {
+        Ok(Hello::Refuse(why)) => assert!(
+            why.contains(because),
+            "{case}: refused, but the reason does not say '{because}': {why}"
+        ),
+        other => panic!("{case}: the server did not refuse: {other:?}"),
+    }
+    assert!(took < ANSWER_WITHIN, "{case}: the refusal took {took:?}");
+    assert_eq!(
+        (ended.code, ended.signal),
+        (Some(1), None),
+        "{case}: the server must exit with status 1 (not a panic, not a signal)"
+    );
+    assert!(
+        ended.max_rss_kib < RSS_LIMIT_KIB,
+        "{case}: the server's peak RSS was {} KiB, more than {RSS_LIMIT_KIB} KiB",
+        ended.max_rss_kib
+    );
+}
+
+#[test]
+fn a_64_gib_size_is_refused_before_anything_is_allocated() {
+    refused(
+        "64 GiB",
+        Params {
+            sizes: vec![64 << 30],
+            ..server_params()
+        },
+        "--max-size",
+    );
+}
+
+#[test]
+fn a_size_whose_buffer_length_overflows_is_refused() {
+    refused(
+        "usize::MAX",
+        Params {
+            sizes: vec![usize::MAX],
+            ..server_params()
+        },
+        "--max-size",
+    );
+}
+
+#[test]
+fn a_size_the_transport_cannot_carry_is_refused_before_allocation() {
+    // Under the server's cap, over what tcp carries in one put (16 MiB).
+    refused(
+        "32 MiB over tcp",
+        Params {
+            sizes: vec![32 << 20],
+            ..server_params()
+        },
+        "16M",
+    );
+}
+
+#[test]
+fn an_unbounded_iteration_count_is_refused() {
+    for (case, params) in [
+        (
+            "iterations",
+            Params {
+                iters: Some(u64::MAX),
+                ..server_params()
+            },
+        ),
+        (
+            "warm-up",
+            Params {
+                warmup: Some(u64::MAX),
+                ..server_params()
+            },
+        ),
+    ] {
+        refused(case, params, "iterations");
+    }
+}
+
+#[test]
+fn thousands_of_sizes_are_refused() {
+    refused(
+        "100000 sizes",
+        Params {
+            sizes: vec![8; 100_000],
+            ..server_params()
+        },
+        "sizes",
+    );
+}
