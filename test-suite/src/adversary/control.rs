@@ -8,14 +8,19 @@
 //!
 //! Requests (hex for byte strings):
 //! - `connect <device_addr> <iface_addr>`: create an endpoint to that iface
-//!   and send one AM (id 1, header 0, 8 bytes of payload), flushing it.
+//!   and send one AM (id 1, header 0, 8 bytes of payload), flushing it
+//!   (cma, which has no active messages, only flushes). It replaces the
+//!   endpoint of the previous `connect`.
 //! - `get <rkey> <remote_addr> <len>`: unpack the rkey and read `len` bytes
-//!   (get_bcopy) from the endpoint made by the last `connect`.
+//!   (get_bcopy) from the endpoint made by the last `connect`; answers
+//!   `ok read <len> bytes: <the first 64 in hex>`. `remote_addr` is hex,
+//!   `len` decimal and at most 1 MiB.
 //! - `put <rkey> <remote_addr> <len>`: as `get`, writing `len` bytes of 0xAA.
 //! - `ping`: answers `ok pong`.
 //!
-//! Every request the victim serves has a deadline (10 s); an error of the
-//! transport is an `err` answer, never a crash.
+//! Every request the victim serves has a deadline (10 s for each wait of
+//! the transport, 2 s for the request line); an error of the transport is
+//! an `err <Variant>: <message>` answer (`common::named`), never a crash.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;

@@ -18,6 +18,7 @@
 //! - the test process, which drives both and is the well-behaved peer.
 
 pub mod cma;
+pub mod common;
 pub mod control;
 pub mod posix;
 pub mod tcp;
@@ -95,11 +96,13 @@ pub struct Target {
     pub control: String,
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
+/// Bytes as lower-case hex, as the target line and control requests carry them.
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
+/// Parses [`hex`]'s output; `None` for anything else.
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         return None;
     }
@@ -195,7 +198,8 @@ impl fmt::Debug for Attack {
 
 /// Every attack in the library, in the order the suite runs them.
 pub fn all() -> Vec<Attack> {
-    let mut v = tcp::attacks();
+    let mut v = common::attacks();
+    v.extend(tcp::attacks());
     v.extend(posix::attacks());
     v.extend(cma::attacks());
     v
