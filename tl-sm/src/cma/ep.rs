@@ -83,6 +83,7 @@ impl CmaEp {
     unsafe fn put(&self, pieces: &Pieces, addr: u64, rkey: &RemoteKey) -> Result<Status> {
         let len = pieces.iter().map(|(_, len)| len).sum();
         self.check(rkey, addr, len, Access::REMOTE_WRITE)?;
+        between_check_and_transfer();
         // SAFETY: the pieces are readable for the whole call (this
         // function's contract).
         unsafe { transfer(self.pid, pieces, addr, Direction::Write) }?;
@@ -108,6 +109,19 @@ impl CmaEp {
         UctError::unsupported("cma", what)
     }
 }
+
+/// Test seam: runs the hook a test set, between an access's check and its
+/// transfer, where a deregistration by the owner races the access.
+#[cfg(test)]
+fn between_check_and_transfer() {
+    if let Some(hook) = tests::BETWEEN.with(|h| h.borrow_mut().take()) {
+        hook();
+    }
+}
+
+#[cfg(not(test))]
+#[inline(always)]
+fn between_check_and_transfer() {}
 
 impl Endpoint for CmaEp {
     fn put_short(&mut self, data: &[u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status> {
@@ -221,3 +235,6 @@ impl Endpoint for CmaEp {
         Ok(Status::Done)
     }
 }
+
+#[cfg(test)]
+mod tests;
