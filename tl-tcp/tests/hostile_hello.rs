@@ -1,0 +1,213 @@
+//! Finding 12.1: a stranger that connects to an iface's port must not be
+//! able to pass for another peer. A Hello is accepted only as the first
+//! frame of a link, only from the address it claims, only with the cookie
+//! of the iface it was sent to, and an accepted link is used for traffic
+//! to peer P only once it has proved to be P.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{closed_within, connect, frame, hello, honest_hello, loopback_ip, read_for, Peer};
+use tl_tcp::wire::Header;
+use uct_core::{Completion, EpParams, Iface, Registry};
+
+fn open() -> Box<dyn Iface> {
+    Registry::global()
+        .open_iface("tcp", Some("lo"), &Default::default())
+        .expect("tcp on lo")
+}
+
+fn counter(iface: &mut dyn Iface, id: u8) -> Arc<AtomicUsize> {
+    let n = Arc::new(AtomicUsize::new(0));
+    let c = n.clone();
+    iface
+        .set_am_handler(
+            id,
+            Box::new(move |_| {
+                c.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+        .unwrap();
+    n
+}
+
+fn progress_for(ifaces: &mut [&mut dyn Iface], d: Duration) {
+    let t0 = Instant::now();
+    while t0.elapsed() < d {
+        for i in ifaces.iter_mut() {
+            i.progress();
+        }
+    }
+}
+
+#[test]
+fn a_forged_hello_gets_no_traffic_meant_for_the_peer_it_claims_to_be() {
+    let mut victim = open();
+    let mut peer = open();
+    let got = counter(peer.as_mut(), 7);
+    let v = Peer::of_iface(victim.as_ref());
+    let p = Peer::of_iface(peer.as_ref());
+
+    // Two forgers, both claiming to be P from P's own IP: one echoes the
+    // victim's cookie (it has the victim's address) but cannot know P's,
+    // the other knows neither.
+    let mut forgers = Vec::new();
+    for echo in [v.cookie, v.cookie ^ 0x5a5a] {
+        let mut s = connect(v.socket_addr());
+        let claim = Peer {
+            cookie: p.cookie ^ 0xdead_beef,
+            ..p
+        };
+        assert!(common::write_all(
+            &mut s,
+            &hello(claim, echo),
+            Duration::from_secs(5),
+            || {}
+        ));
+        forgers.push(s);
+    }
+    progress_for(&mut [victim.as_mut()], Duration::from_millis(200));
+
+    // The victim's application now talks to P, with P's real address.
+    let mut ep = victim
+        .create_ep(EpParams::ToIface {
+            device_addr: peer.device_address(),
+            iface_addr: peer.iface_address(),
+        })
+        .unwrap();
+    ep.am_bcopy(7, b"for P only").unwrap();
+    let flush = Completion::new();
+    let _ = ep.flush(Some(&flush)).unwrap();
+    let t0 = Instant::now();
+    while !flush.is_complete() && t0.elapsed() < Duration::from_secs(3) {
+        victim.progress();
+        peer.progress();
+    }
+    for (i, s) in forgers.iter_mut().enumerate() {
+        let r = read_for(s, Duration::from_millis(300), || {
+            victim.progress();
+        });
+        assert!(
+            r.bytes == 0,
+            "forger {i} received {} bytes meant for P: {:?}",
+            r.bytes,
+            r.frames
+        );
+    }
+    assert!(flush.is_complete(), "the flush to P did not complete");
+    flush.result().expect("the flush to the real P");
+    assert_eq!(got.load(Ordering::SeqCst), 1, "P did not get its message");
+}
+
+#[test]
+fn frames_before_a_hello_are_refused_and_the_link_closed() {
+    let mut victim = open();
+    let got = counter(victim.as_mut(), 5);
+    let v = Peer::of_iface(victim.as_ref());
+    let mut s = connect(v.socket_addr());
+    let am = frame(&Header::Am { id: 5 }, b"no hello first");
+    assert!(common::write_all(
+        &mut s,
+        &am,
+        Duration::from_secs(5),
+        || {}
+    ));
+    let closed = closed_within(&mut s, Duration::from_secs(2), || {
+        victim.progress();
+    });
+    assert_eq!(
+        got.load(Ordering::SeqCst),
+        0,
+        "an active message without a Hello was delivered"
+    );
+    assert!(closed, "a link that did not start with a Hello stayed open");
+}
+
+#[test]
+fn a_second_hello_closes_the_link() {
+    let mut victim = open();
+    let peer = open();
+    let v = Peer::of_iface(victim.as_ref());
+    let mut s = connect(v.socket_addr());
+    let mut bytes = honest_hello(v);
+    bytes.extend(hello(Peer::of_iface(peer.as_ref()), v.cookie));
+    assert!(common::write_all(
+        &mut s,
+        &bytes,
+        Duration::from_secs(5),
+        || {}
+    ));
+    let closed = closed_within(&mut s, Duration::from_secs(2), || {
+        victim.progress();
+    });
+    assert!(closed, "a link that said Hello twice stayed open");
+}
+
+#[test]
+fn a_hello_from_another_ip_than_it_claims_closes_the_link() {
+    let mut victim = open();
+    let got = counter(victim.as_mut(), 5);
+    let v = Peer::of_iface(victim.as_ref());
+    let mut s = connect(v.socket_addr());
+    let liar = Peer {
+        ip: std::net::Ipv4Addr::new(10, 9, 8, 7)
+            .to_ipv6_mapped()
+            .octets(),
+        port: 4242,
+        cookie: 1,
+    };
+    let mut bytes = hello(liar, v.cookie);
+    bytes.extend(frame(&Header::Am { id: 5 }, b"from 10.9.8.7"));
+    assert!(common::write_all(
+        &mut s,
+        &bytes,
+        Duration::from_secs(5),
+        || {}
+    ));
+    let closed = closed_within(&mut s, Duration::from_secs(2), || {
+        victim.progress();
+    });
+    assert_eq!(
+        got.load(Ordering::SeqCst),
+        0,
+        "the liar's message was delivered"
+    );
+    assert!(
+        closed,
+        "a Hello claiming 10.9.8.7 from 127.0.0.1 was accepted"
+    );
+}
+
+#[test]
+fn a_hello_without_the_cookie_of_the_iface_it_reached_closes_the_link() {
+    let mut victim = open();
+    let got = counter(victim.as_mut(), 5);
+    let v = Peer::of_iface(victim.as_ref());
+    let mut s = connect(v.socket_addr());
+    let me = Peer {
+        ip: loopback_ip(),
+        port: 4242,
+        cookie: 1,
+    };
+    // The stranger knows the port (it scanned for it), not the cookie.
+    let mut bytes = hello(me, v.cookie.wrapping_add(1));
+    bytes.extend(frame(&Header::Am { id: 5 }, b"guessed"));
+    assert!(common::write_all(
+        &mut s,
+        &bytes,
+        Duration::from_secs(5),
+        || {}
+    ));
+    let closed = closed_within(&mut s, Duration::from_secs(2), || {
+        victim.progress();
+    });
+    assert_eq!(
+        got.load(Ordering::SeqCst),
+        0,
+        "the guesser's message was delivered"
+    );
+    assert!(closed, "a Hello with the wrong cookie was accepted");
+}
