@@ -3,8 +3,16 @@
 //! iface). Producers claim a slot with one compare-and-swap on `head`,
 //! fill it, and publish it by storing its sequence number; the consumer
 //! reads slots in order and advances `tail`. No locks on either side.
+//!
+//! Every process that maps the ring can write all of it, so nothing read
+//! from it is trusted: slot positions are reduced modulo [`SLOTS`] before
+//! use, the consumer keeps its own `tail` (the shared one only tells
+//! producers how far it got), head and tail are checked against the ring's
+//! geometry whenever a producer reads the tail, and a slot whose length or
+//! id no producer could have written is dropped, never delivered.
 
 use std::cell::Cell;
+use std::mem::MaybeUninit;
 use std::ptr::addr_of_mut;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -17,6 +25,9 @@ pub const SLOTS: u64 = 256;
 /// Bytes of data one slot holds: the largest active message.
 pub const SLOT_DATA: usize = 8192;
 const MAGIC: u64 = u64::from_le_bytes(*b"UCTFIFO1");
+/// Most slots one drain consumes: producers that publish as fast as the
+/// consumer drains must not hold one progress call for ever.
+const DRAIN_BUDGET: u64 = SLOTS;
 
 /// `head` and `tail` live on cache lines of their own: producers write one,
 /// the consumer the other, and neither drags the other's line around.
@@ -61,6 +72,9 @@ pub struct Ring {
     /// Producer side: the last tail seen; the shared one is read again only
     /// when the ring looks full.
     seen_tail: Cell<u64>,
+    /// Consumer side: the next position to read. The shared copy is only
+    /// published for producers: any of them can rewrite it.
+    tail: Cell<u64>,
 }
 
 /// What a push did.
@@ -76,9 +90,38 @@ fn not_a_ring() -> UctError {
     UctError::Unreachable("the posix peer address does not name a receive ring".into())
 }
 
+/// `to - from` when `to` is not behind `from`: positions wrap around u64,
+/// and a distance over 2^63 means `to` is behind.
+fn ahead(from: u64, to: u64) -> Option<u64> {
+    let d = to.wrapping_sub(from);
+    (d < 1 << 63).then_some(d)
+}
+
+/// The error for head and tail that no honest consumer leaves.
+#[cold]
+fn corrupt_positions(pid: u32, head: u64, tail: u64) -> UctError {
+    UctError::Protocol(format!(
+        "posix: the receive ring of process {pid} has head {head} and tail {tail}, which no \
+         ring of {SLOTS} slots has; that process corrupted its ring, so the endpoint fails \
+         (reconnect to a restarted peer)"
+    ))
+}
+
+/// A published slot that no producer of this library writes: logged, and
+/// its message dropped.
+#[cold]
+#[inline(never)]
+fn drop_corrupt(pos: u64, len: u64, id: u64) {
+    log::error!(
+        "posix: dropped the message at ring position {pos}: length {len} (a slot holds \
+         {SLOT_DATA}) or id {id} (an AM id is one byte) is corrupt; a process that maps this \
+         iface's ring is not a well-behaved peer"
+    );
+}
+
 impl Ring {
     /// Initialises a fresh ring in `map` (the owner's side).
-    pub fn init(map: Mapping) -> Result<Ring, UctError> {
+    pub(crate) fn init(map: Mapping) -> Result<Ring, UctError> {
         if map.data_len() < ring_bytes() {
             return Err(UctError::InvalidParam(format!(
                 "posix: a receive ring needs {} bytes, the segment has {}",
@@ -89,6 +132,7 @@ impl Ring {
         let ring = Ring {
             map,
             seen_tail: Cell::new(0),
+            tail: Cell::new(0),
         };
         let header = ring.header();
         header
@@ -100,18 +144,24 @@ impl Ring {
         Ok(ring)
     }
 
-    /// Wraps a peer's mapped ring, checking it is one.
-    pub fn attach(map: Mapping) -> Result<Ring, UctError> {
+    /// Wraps a peer's mapped ring, checking that our mapping holds a whole
+    /// ring and that it is one. (The segment's seals, checked when it was
+    /// mapped, keep it that large.)
+    pub(crate) fn attach(map: Mapping) -> Result<Ring, UctError> {
         if map.data_len() < ring_bytes() {
             return Err(not_a_ring());
         }
         let ring = Ring {
             map,
             seen_tail: Cell::new(0),
+            tail: Cell::new(0),
         };
         if ring.header().magic.load(Ordering::Acquire) != MAGIC {
             return Err(not_a_ring());
         }
+        // Start from the consumer's tail, not 0: a ring whose positions have
+        // wrapped past 0 must not look empty to a new producer.
+        ring.seen_tail.set(ring.shared_tail());
         Ok(ring)
     }
 
@@ -143,14 +193,22 @@ impl Ring {
         }
     }
 
-    /// The process that owns (and drains) the ring.
+    /// The process that owns (and drains) the ring, as its header says.
     pub fn owner_pid(&self) -> u32 {
         self.header().owner_pid.load(Ordering::Relaxed) as u32
     }
 
+    /// The consumer's tail as published in shared memory: moves while the
+    /// owner drains.
+    pub(crate) fn shared_tail(&self) -> u64 {
+        self.header().tail.load(Ordering::Acquire)
+    }
+
     /// Producer: copies `parts` (concatenated) into a slot as active
-    /// message `id`. More than [`SLOT_DATA`] bytes in all is an error.
-    pub fn push(&self, id: u8, parts: &[&[u8]]) -> Result<Push, UctError> {
+    /// message `id`. More than [`SLOT_DATA`] bytes in all is an error, and so
+    /// are head and tail that no honest consumer leaves
+    /// ([`UctError::Protocol`]).
+    pub(crate) fn push(&self, id: u8, parts: &[&[u8]]) -> Result<Push, UctError> {
         let total: usize = parts.iter().map(|part| part.len()).sum();
         if total > SLOT_DATA {
             return Err(UctError::InvalidParam(format!(
@@ -159,12 +217,27 @@ impl Ring {
         }
         let header = self.header();
         let pos = loop {
-            let head = header.head.load(Ordering::Acquire);
+            let mut head = header.head.load(Ordering::Acquire);
             if head.wrapping_sub(self.seen_tail.get()) >= SLOTS {
+                // The ring looks full: read the tail, then head and tail
+                // again. An honest ring has tail <= head <= tail + SLOTS at
+                // every instant, and both only grow, so these three reads
+                // must find tail <= head and head <= tail_after + SLOTS.
                 let tail = header.tail.load(Ordering::Acquire);
-                self.seen_tail.set(tail);
-                if head.wrapping_sub(tail) >= SLOTS {
-                    return Ok(Push::Full);
+                head = header.head.load(Ordering::Acquire);
+                let tail_after = header.tail.load(Ordering::Acquire);
+                self.seen_tail.set(tail_after);
+                if ahead(tail, head).is_none() {
+                    return Err(corrupt_positions(self.owner_pid(), head, tail));
+                }
+                match ahead(tail_after, head) {
+                    Some(used) if used > SLOTS => {
+                        return Err(corrupt_positions(self.owner_pid(), head, tail_after))
+                    }
+                    Some(SLOTS) => return Ok(Push::Full),
+                    // Room, or the consumer drained past the head we read
+                    // (other producers pushed meanwhile): claim below.
+                    _ => {}
                 }
             }
             if header
@@ -187,9 +260,11 @@ impl Ring {
         let mut at = 0usize;
         for part in parts {
             // SAFETY: this producer claimed position `pos` with the CAS
-            // above, so it alone writes the slot until it publishes `seq`;
-            // at + part.len() <= total <= SLOT_DATA keeps the copy inside
-            // the slot's data; `part` is a caller's slice, not in the ring.
+            // above, so an honest peer leaves the slot to it until it
+            // publishes `seq` (a hostile one can only garble bytes in the
+            // slot); at + part.len() <= total <= SLOT_DATA keeps the copy
+            // inside the slot's data; `part` is a caller's slice, not in the
+            // ring.
             unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), data.add(at), part.len()) };
             at += part.len();
         }
@@ -204,14 +279,15 @@ impl Ring {
         Ok(Push::Done)
     }
 
-    /// Consumer: hands each published message to `f`, in order; returns how
-    /// many. The slot is released after `f` returns, so `f` reads it in place.
+    /// Consumer: hands each published message to `f`, in order, as a copy
+    /// no producer can change under it; returns how many it handed over.
+    /// Consumes at most [`SLOTS`] slots per call.
     ///
     /// The empty ring is the common case of a progress loop: it costs two
     /// loads here, inlined into the caller; only a published message takes
     /// the call into the delivery loop.
     #[inline]
-    pub fn drain(&self, f: impl FnMut(u8, &[u8])) -> usize {
+    pub(crate) fn drain(&self, f: impl FnMut(u8, &[u8])) -> usize {
         if self.has_message() {
             self.deliver(f)
         } else {
@@ -219,10 +295,10 @@ impl Ring {
         }
     }
 
-    /// Whether the slot at the tail is published.
+    /// Whether the slot at our tail is published.
     #[inline]
     fn has_message(&self) -> bool {
-        let pos = self.header().tail.load(Ordering::Relaxed);
+        let pos = self.tail.get();
         let slot = self.slot(pos);
         // SAFETY: `slot` is inside the mapping and aligned; seq is an atomic.
         unsafe { &(*slot).seq }.load(Ordering::Acquire) == pos.wrapping_add(1)
@@ -231,34 +307,91 @@ impl Ring {
     #[inline(never)]
     fn deliver(&self, mut f: impl FnMut(u8, &[u8])) -> usize {
         let header = self.header();
-        let mut drained = 0;
-        loop {
-            let pos = header.tail.load(Ordering::Relaxed);
+        // The handler's copy of one message: only the first `len` bytes are
+        // written and read.
+        let mut copy = MaybeUninit::<[u8; SLOT_DATA]>::uninit();
+        let mut delivered = 0;
+        for _ in 0..DRAIN_BUDGET {
+            let pos = self.tail.get();
             let slot = self.slot(pos);
             // SAFETY: `slot` is inside the mapping and aligned; seq is an
             // atomic.
             if unsafe { &(*slot).seq }.load(Ordering::Acquire) != pos.wrapping_add(1) {
-                return drained;
+                break;
             }
-            // SAFETY: the slice lies inside our own mapping of the ring: the
-            // slot is (see `slot`), and len, which a peer wrote, is clamped
-            // to SLOT_DATA. The producer published the slot (the Acquire
-            // load of seq pairs with its Release store) and an honest one
-            // does not claim it again until tail moves past it, after `f`
-            // returns. A hostile process that maps the ring and rewrites the
-            // slot meanwhile can change the bytes `f` sees, never make it
-            // read outside the mapping; a copy-out that also removes that
-            // race is part of the hostile-peer work (docs/design.md).
-            let (id, data) = unsafe {
-                let len = ((*slot).len.load(Ordering::Relaxed) as usize).min(SLOT_DATA);
-                let id = (*slot).id.load(Ordering::Relaxed) as u8;
-                let data = addr_of_mut!((*slot).data) as *const u8;
-                (id, std::slice::from_raw_parts(data, len))
+            // SAFETY: as above; len and id are atomics.
+            let (len, id) = unsafe {
+                (
+                    (*slot).len.load(Ordering::Relaxed),
+                    (*slot).id.load(Ordering::Relaxed),
+                )
             };
-            f(id, data);
-            header.tail.store(pos.wrapping_add(1), Ordering::Release);
-            drained += 1;
+            let sound = len <= SLOT_DATA as u64 && id <= u8::MAX as u64;
+            if sound {
+                // SAFETY: the slot is inside our mapping (see `slot`) and
+                // len <= SLOT_DATA (checked above), so the source lies in the
+                // slot's data; `copy` has room for SLOT_DATA bytes and is not
+                // in the ring. The producer published the slot (the Acquire
+                // load of seq pairs with its Release store); a hostile one
+                // writing it meanwhile garbles only this copy's bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        addr_of_mut!((*slot).data) as *const u8,
+                        copy.as_mut_ptr() as *mut u8,
+                        len as usize,
+                    )
+                };
+            }
+            // The copy is ours: release the slot before the handler runs.
+            let next = pos.wrapping_add(1);
+            self.tail.set(next);
+            header.tail.store(next, Ordering::Release);
+            if !sound {
+                drop_corrupt(pos, len, id);
+                continue;
+            }
+            // SAFETY: the first `len` bytes of `copy` were written above.
+            let data =
+                unsafe { std::slice::from_raw_parts(copy.as_ptr() as *const u8, len as usize) };
+            f(id as u8, data);
+            delivered += 1;
         }
+        delivered
+    }
+}
+
+/// Where things are in a ring, for tools that must speak its layout (the
+/// adversary suite's hostile peers): byte offsets from the start of the
+/// segment's data area.
+pub mod layout {
+    use super::{RingHeader, Slot, HEADER_BYTES};
+
+    /// The ring's magic, at offset 0.
+    pub const MAGIC: u64 = super::MAGIC;
+    /// The owner's pid (u64).
+    pub const OWNER_PID: usize = std::mem::offset_of!(RingHeader, owner_pid);
+    /// The next position a producer claims (u64).
+    pub const HEAD: usize = std::mem::offset_of!(RingHeader, head);
+    /// The next position the consumer reads, as it publishes it (u64).
+    pub const TAIL: usize = std::mem::offset_of!(RingHeader, tail);
+    /// Bytes from one slot to the next.
+    pub const SLOT_STRIDE: usize = std::mem::size_of::<Slot>();
+    /// Offset of slot `index`'s sequence number (u64: position + 1 once
+    /// published).
+    pub const fn slot_seq(index: usize) -> usize {
+        HEADER_BYTES + index * SLOT_STRIDE + std::mem::offset_of!(Slot, seq)
+    }
+    /// Offset of slot `index`'s message length (u64).
+    pub const fn slot_len(index: usize) -> usize {
+        HEADER_BYTES + index * SLOT_STRIDE + std::mem::offset_of!(Slot, len)
+    }
+    /// Offset of slot `index`'s AM id (u64).
+    pub const fn slot_id(index: usize) -> usize {
+        HEADER_BYTES + index * SLOT_STRIDE + std::mem::offset_of!(Slot, id)
+    }
+    /// Offset of slot `index`'s data.
+    pub const fn slot_data(index: usize) -> usize {
+        HEADER_BYTES + index * SLOT_STRIDE + std::mem::offset_of!(Slot, data)
     }
 }
 
