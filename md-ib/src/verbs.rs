@@ -202,15 +202,64 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
+        let ptr = self.ptr.as_ptr();
         // SAFETY: `from_raw` made this Mr the MR's only owner, so it is
-        // deregistered once, here. An error leaves the MR registered;
-        // there is nothing better to do in Drop.
-        let r = unsafe { ibv_dereg_mr(self.ptr.as_ptr()) };
-        if r != 0 {
-            log::warn!(
-                "verbs: ibv_dereg_mr failed: {}",
-                crate::error::errno_text(r)
-            );
-        }
+        // deregistered once, here.
+        release("an MR", || unsafe { ibv_dereg_mr(ptr) }, ());
+    }
+}
+
+/// Deregisters a memory region through `dereg` (ibv_dereg_mr, or a test's
+/// stand-in); `covers` is what keeps the memory of the registration alive.
+/// Returns whether the MR was deregistered.
+fn release<T>(what: &str, dereg: impl FnOnce() -> libc::c_int, covers: T) -> bool {
+    let r = dereg();
+    drop(covers);
+    if r != 0 {
+        log::warn!(
+            "verbs: ibv_dereg_mr of {what} failed: {}",
+            crate::error::errno_text(r)
+        );
+    }
+    r == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uct_core::host_alloc::HostAlloc;
+
+    /// Finding 12.7: when the NIC keeps a registration (ibv_dereg_mr
+    /// failed), the memory it covers must not be freed: it is leaked.
+    #[test]
+    fn a_failed_dereg_leaks_the_memory_it_covers() {
+        let len = 4 << 20;
+        let mem = HostAlloc::new(len).expect("alloc");
+        let addr = mem.as_ptr();
+        let owner = std::sync::Arc::new(());
+        let covers = (mem, owner.clone());
+        assert!(!release("a test MR", || libc::EBUSY, covers));
+        assert_eq!(
+            std::sync::Arc::strong_count(&owner),
+            2,
+            "what kept the memory alive was dropped after a failed ibv_dereg_mr"
+        );
+        let mut pages = vec![0u8; len / 4096];
+        // SAFETY: mincore only reports on the range; it touches no memory
+        // but `pages`, which has one byte per page of it.
+        let r = unsafe { libc::mincore(addr.cast(), len, pages.as_mut_ptr()) };
+        assert_eq!(
+            r,
+            0,
+            "the memory under a live MR was unmapped (freed): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    #[test]
+    fn a_successful_dereg_frees_what_it_covered() {
+        let owner = std::sync::Arc::new(());
+        assert!(release("a test MR", || 0, owner.clone()));
+        assert_eq!(std::sync::Arc::strong_count(&owner), 1);
     }
 }
