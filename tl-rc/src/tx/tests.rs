@@ -349,3 +349,35 @@ fn a_failure_fails_waiting_flushes() {
     )));
     assert_eq!(tx.outstanding(), 0);
 }
+
+/// Finding 12.6: after a failure the NIC may still use an operation's
+/// memory until the operation's own completion (a flush error, once the QP
+/// is in the error state) comes back: nothing is released before, each is
+/// released (failed) at its completion, a success after the failure is
+/// still a failure, and waiting flushes fail once nothing is left.
+#[test]
+fn after_a_failure_each_operation_is_released_only_at_its_completion() {
+    let mut tx = Tracker::new("rxe0:1", 256);
+    let plans = post_n(&mut tx, 0, 4);
+    tx.add_flush("waiting");
+    let mut events = Vec::new();
+    tx.fail(UctError::Protocol("garbage".into()), &mut events);
+    assert!(
+        failed_ids(&events).is_empty(),
+        "operations released before the NIC said it was done with them"
+    );
+    assert!(events.is_empty(), "the flush failed before the operations");
+    assert!(matches!(tx.ready(), Err(UctError::Protocol(_))));
+    assert_eq!(tx.outstanding(), 4);
+    let events = error(&mut tx, plans[1].seq);
+    assert_eq!(failed_ids(&events), vec![0, 1]);
+    assert!(!events.iter().any(|e| matches!(e, TxEvent::FlushFailed(..))));
+    let events = ok(&mut tx, plans[3].seq);
+    assert_eq!(failed_ids(&events), vec![2, 3]);
+    assert!(done_ids(&events).is_empty());
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, TxEvent::FlushFailed("waiting", UctError::Protocol(_)))));
+    assert_eq!(tx.outstanding(), 0);
+    assert_eq!(tx.credits(), 256);
+}
