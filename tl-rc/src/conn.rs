@@ -19,6 +19,8 @@ use crate::wire::Immediate;
 
 /// Size of one bounce or receive segment: the largest bcopy and AM.
 pub(crate) const SEG: usize = 8192;
+/// Largest put_zcopy and get_zcopy, as the iface advertises it.
+pub(crate) const MAX_ZCOPY: usize = 1 << 30;
 /// Most scatter/gather entries in one work request.
 pub(crate) const MAX_IOV: usize = 8;
 /// Receive work requests carry this bit and their segment; send ones are

@@ -10,7 +10,7 @@ use uct_core::{
     Access, AtomicValue, Completion, Endpoint, FetchOp, Iov, RemoteKey, Result, Status, UctError,
 };
 
-use crate::conn::{Connection, MAX_IOV, SEG};
+use crate::conn::{Connection, MAX_IOV, MAX_ZCOPY, SEG};
 use crate::post::{iov_sges, AtomicOp, RdmaDirection, RDMA_READ, RDMA_WRITE};
 use crate::qp::{LocalPath, RemoteQp};
 use crate::wire::{DeviceAddress, EpAddress};
@@ -90,7 +90,7 @@ impl RcEp {
         comp: Option<&Completion>,
     ) -> Result<Status> {
         let key = *Self::key(rkey)?;
-        let (mut sges, keep, total) = iov_sges(&self.md, iov)?;
+        let (mut sges, keep, total) = iov_sges(&self.md, iov, direction.what, MAX_ZCOPY)?;
         key.precheck(remote_addr, total as u64, direction.needed)?;
         let remote = (remote_addr, key.rkey);
         self.lock()
@@ -230,7 +230,7 @@ impl Endpoint for RcEp {
     ) -> Result<Status> {
         Self::check_id(id)?;
         Self::check_size("am_zcopy header", header.len(), MAX_AM_HEADER)?;
-        let (sges, keep, total) = iov_sges(&self.md, iov)?;
+        let (sges, keep, total) = iov_sges(&self.md, iov, "am_zcopy", SEG)?;
         Self::check_size("am_zcopy", header.len() + total, SEG)?;
         if sges.len() + 1 > MAX_IOV {
             return Err(UctError::InvalidParam(format!(

@@ -11,7 +11,7 @@ use uct_core::{
     SizeLimits, UctError,
 };
 
-use crate::conn::{Connection, Queues, MAX_IOV, SEG};
+use crate::conn::{Connection, Queues, MAX_IOV, MAX_ZCOPY, SEG};
 use crate::ep::{RcEp, MAX_AM_HEADER};
 use crate::qp::LocalPath;
 use crate::wire::{self, DeviceAddress};
@@ -95,14 +95,14 @@ impl RcIface {
                 max_short,
                 max_bcopy: SEG,
                 min_zcopy: 0,
-                max_zcopy: 1 << 30,
+                max_zcopy: MAX_ZCOPY,
                 max_iov,
             },
             get: SizeLimits {
                 max_short: 0,
                 max_bcopy: SEG,
                 min_zcopy: 0,
-                max_zcopy: 1 << 30,
+                max_zcopy: MAX_ZCOPY,
                 max_iov,
             },
             am: SizeLimits {
