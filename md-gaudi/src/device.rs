@@ -4,14 +4,13 @@
 //! answers EINVAL to all of them).
 
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::c_int;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::error::{GaudiError, Result};
-use crate::hlthunk::{device_name, HlThunk};
+use crate::hlthunk::{device_name, AllocHandle, DeviceFd, DeviceVa, HlThunk};
 
 /// The page size the driver's DMA-buf export checks use.
 pub const PAGE: u64 = 4096;
@@ -57,14 +56,16 @@ fn file_identity(fd: RawFd) -> Option<(u64, u64)> {
 /// An allocation given up by its owner while a DMA-buf exported from it
 /// was still held.
 struct Deferred {
-    va: u64,
-    handle: u64,
+    va: DeviceVa,
+    handle: AllocHandle,
     /// Unmaps the driver refused with no fd md-gaudi handed out open.
     refused: u32,
     /// No retry on an alloc or free before this.
     not_before: Option<Instant>,
 }
 
+/// What this device has allocated and mapped, by the driver's numbers
+/// (the owned handles and addresses are with their owners).
 #[derive(Default)]
 struct Book {
     /// handle -> size asked for.
@@ -106,8 +107,7 @@ struct Book {
 /// }
 /// ```
 pub struct Device {
-    lib: Arc<HlThunk>,
-    fd: c_int,
+    fd: DeviceFd,
     /// `gaudi<N>`.
     pub name: String,
     /// The driver's device name (GAUDI2, ...), or sysfs `device_type`.
@@ -159,29 +159,25 @@ impl Device {
         bus_id: Option<&str>,
         sysfs_type: Option<String>,
     ) -> Result<Device> {
+        // On an error below, `fd` is dropped, which closes it.
         let fd = lib.open(bus_id).map_err(|err| GaudiError::OpenFailed {
             target: bus_id.map_or("DONT_CARE, no bus id".into(), |b| format!("bus id {b}")),
             err,
         })?;
         let name = format!("gaudi{index}");
-        let close_on_err = |e: GaudiError| {
-            let _ = lib.close(fd);
-            e
-        };
         let driver = |call: &'static str, err: std::io::Error| GaudiError::Driver {
             device: name.clone(),
             call,
             err,
         };
-        let bus = lib
-            .pci_bus_id(fd)
-            .map_err(|e| close_on_err(driver("hlthunk_get_pci_bus_id_from_fd", e)))?;
-        let dram_size = lib
-            .dram_size(fd)
-            .map_err(|e| close_on_err(driver("hlthunk_get_hw_ip_info", e)))?;
-        let model = sysfs_type.unwrap_or_else(|| device_name::label(lib.device_name(fd)));
+        let bus = fd
+            .pci_bus_id()
+            .map_err(|e| driver("hlthunk_get_pci_bus_id_from_fd", e))?;
+        let dram_size = fd
+            .dram_size()
+            .map_err(|e| driver("hlthunk_get_hw_ip_info", e))?;
+        let model = sysfs_type.unwrap_or_else(|| device_name::label(fd.device_name()));
         Ok(Device {
-            lib,
             fd,
             name,
             model,
@@ -205,13 +201,7 @@ impl Device {
 
     /// The library this device was opened with.
     pub fn lib(&self) -> &HlThunk {
-        &self.lib
-    }
-
-    /// The device fd, for calling hl-thunk directly (tests of the
-    /// library's own checks). Closed by this `Device` only.
-    pub fn raw_fd(&self) -> c_int {
-        self.fd
+        self.fd.lib()
     }
 
     /// Bytes allocated through this device and not yet freed.
@@ -220,7 +210,7 @@ impl Device {
     }
 
     /// `hlthunk_device_memory_alloc`; `page_size` 0 is the driver's default.
-    pub fn alloc(&self, size: u64, page_size: u64) -> Result<u64> {
+    pub fn alloc(&self, size: u64, page_size: u64) -> Result<AllocHandle> {
         if size == 0 {
             return Err(GaudiError::ZeroSize {
                 device: self.name.clone(),
@@ -236,7 +226,7 @@ impl Device {
         if in_use.saturating_add(size) > self.dram_size {
             return Err(self.exhausted(size, in_use));
         }
-        let handle = self.lib.mem_alloc(self.fd, size, page_size).map_err(|e| {
+        let handle = self.fd.mem_alloc(size, page_size).map_err(|e| {
             if e.raw_os_error() == Some(libc::ENOMEM) {
                 self.exhausted(size, in_use)
             } else {
@@ -244,7 +234,7 @@ impl Device {
             }
         })?;
         let mut book = self.book();
-        book.allocs.insert(handle, size);
+        book.allocs.insert(handle.raw(), size);
         book.in_use += size;
         Ok(handle)
     }
@@ -258,47 +248,76 @@ impl Device {
         }
     }
 
-    /// `hlthunk_device_memory_free`; the handle must not be mapped.
-    pub fn free(&self, handle: u64) -> Result<()> {
-        {
+    /// Whether `handle` is a live allocation of this device.
+    fn has(&self, book: &Book, handle: &AllocHandle) -> bool {
+        handle.open_id() == self.fd.open_id() && book.allocs.contains_key(&handle.raw())
+    }
+
+    /// `hlthunk_device_memory_free`; the handle must not be mapped. On an
+    /// error the handle comes back with it.
+    pub fn free(&self, handle: AllocHandle) -> std::result::Result<(), (AllocHandle, GaudiError)> {
+        let refused = {
             let book = self.book();
-            if !book.allocs.contains_key(&handle) {
-                return Err(GaudiError::NoSuchHandle {
+            if !self.has(&book, &handle) {
+                Some(GaudiError::NoSuchHandle {
                     device: self.name.clone(),
-                    handle,
-                });
-            }
-            if book.maps.values().any(|(mapped, _)| *mapped == handle) {
-                return Err(GaudiError::StillMapped {
+                    handle: handle.raw(),
+                })
+            } else if book
+                .maps
+                .values()
+                .any(|(mapped, _)| *mapped == handle.raw())
+            {
+                Some(GaudiError::StillMapped {
                     device: self.name.clone(),
-                    handle,
-                });
+                    handle: handle.raw(),
+                })
+            } else {
+                None
             }
+        };
+        if let Some(e) = refused {
+            return Err((handle, e));
         }
-        self.lib
-            .mem_free(self.fd, handle)
-            .map_err(|e| self.driver("hlthunk_device_memory_free", e))?;
+        let raw = handle.raw();
+        self.fd
+            .mem_free(handle)
+            .map_err(|(h, e)| (h, self.driver("hlthunk_device_memory_free", e)))?;
         let mut book = self.book();
-        if let Some(size) = book.allocs.remove(&handle) {
+        if let Some(size) = book.allocs.remove(&raw) {
             book.in_use -= size;
         }
         Ok(())
     }
 
     /// `hlthunk_device_memory_map`: the device VA of the whole allocation.
-    pub fn map(&self, handle: u64) -> Result<u64> {
-        let Some(&size) = self.book().allocs.get(&handle) else {
-            return Err(GaudiError::NoSuchHandle {
-                device: self.name.clone(),
-                handle,
-            });
+    pub fn map(&self, handle: &AllocHandle) -> Result<DeviceVa> {
+        let size = {
+            let book = self.book();
+            match book.allocs.get(&handle.raw()) {
+                Some(&size) if self.has(&book, handle) => size,
+                _ => {
+                    return Err(GaudiError::NoSuchHandle {
+                        device: self.name.clone(),
+                        handle: handle.raw(),
+                    })
+                }
+            }
         };
         let va = self
-            .lib
-            .mem_map(self.fd, handle)
+            .fd
+            .mem_map(handle)
             .map_err(|e| self.driver("hlthunk_device_memory_map", e))?;
-        self.book().maps.insert(va, (handle, size));
+        self.book().maps.insert(va.addr(), (handle.raw(), size));
         Ok(va)
+    }
+
+    /// Whether `va` is a live mapping of this device: its length.
+    fn mapping_len(&self, va: &DeviceVa) -> Option<u64> {
+        if va.open_id() != self.fd.open_id() {
+            return None;
+        }
+        self.book().maps.get(&va.addr()).map(|&(_, len)| len)
     }
 
     /// `hlthunk_memory_unmap` of a VA [`map`](Self::map) returned. The
@@ -306,29 +325,33 @@ impl Device {
     /// (`StillExported`), and logs an error in the kernel log each time.
     /// EINVAL is read as that refusal because the VA is mapped (the book
     /// says so), but that rests on the book being right: a deferred free
-    /// refused too often is reported (see [`reclaim`](Self::reclaim)).
-    pub fn unmap(&self, va: u64) -> Result<()> {
-        if !self.book().maps.contains_key(&va) {
-            return Err(GaudiError::NotMapped {
+    /// refused too often is reported (see [`reclaim`](Self::reclaim)). On
+    /// an error the address comes back with it.
+    pub fn unmap(&self, va: DeviceVa) -> std::result::Result<(), (DeviceVa, GaudiError)> {
+        if self.mapping_len(&va).is_none() {
+            let e = GaudiError::NotMapped {
                 device: self.name.clone(),
-                addr: va,
-            });
+                addr: va.addr(),
+            };
+            return Err((va, e));
         }
-        self.lib.unmap(self.fd, va).map_err(|e| {
+        let addr = va.addr();
+        self.fd.unmap(va).map_err(|(va, e)| {
             // The VA is mapped (the book says so), so the driver's only
             // EINVAL left is an open export (unmap_device_va).
-            if e.raw_os_error() == Some(libc::EINVAL) {
+            let e = if e.raw_os_error() == Some(libc::EINVAL) {
                 GaudiError::StillExported {
                     device: self.name.clone(),
-                    addr: va,
+                    addr,
                 }
             } else {
                 self.driver("hlthunk_memory_unmap", e)
-            }
+            };
+            (va, e)
         })?;
         let mut book = self.book();
-        book.maps.remove(&va);
-        book.handed_out.remove(&va);
+        book.maps.remove(&addr);
+        book.handed_out.remove(&addr);
         Ok(())
     }
 
@@ -336,7 +359,7 @@ impl Device {
     /// for a caller who will own it. Recorded, so that while the copy is
     /// open a deferred free of the mapping is not tried: the driver would
     /// only refuse it, and log an error each time.
-    pub fn hand_out(&self, va: u64, dmabuf: &OwnedFd) -> std::io::Result<OwnedFd> {
+    pub(crate) fn hand_out(&self, va: u64, dmabuf: &OwnedFd) -> std::io::Result<OwnedFd> {
         let copy = dmabuf.try_clone()?;
         let fd = copy.as_raw_fd();
         if let Some(file) = file_identity(fd) {
@@ -365,37 +388,39 @@ impl Device {
     /// allocation is deferred and freed by a later [`reclaim`](Self::reclaim)
     /// after the DMA-buf's release, never before. While an fd md-gaudi
     /// handed out is open the driver is not even asked. Returns whether it
-    /// was freed now.
-    pub fn unmap_and_free(&self, va: u64, handle: u64) -> Result<bool> {
-        let size = self.book().allocs.get(&handle).copied().unwrap_or(0);
-        let open = self.handed_out_open(va);
+    /// was freed now; on another error the allocation is left to the
+    /// driver, which frees it when the device is closed.
+    pub fn unmap_and_free(&self, va: DeviceVa, handle: AllocHandle) -> Result<bool> {
+        let addr = va.addr();
+        let size = self.book().allocs.get(&handle.raw()).copied().unwrap_or(0);
+        let open = self.handed_out_open(addr);
         if open > 0 {
             log::info!(
-                "{}: allocation at {va:#x} (handle {handle:#x}, {size} bytes) given up while {open} DMA-buf fd(s) of it handed out by a memory query are open; it is freed after they are closed",
-                self.name
+                "{}: allocation at {addr:#x} (handle {:#x}, {size} bytes) given up while {open} DMA-buf fd(s) of it handed out by a memory query are open; it is freed after they are closed",
+                self.name, handle.raw()
             );
             self.defer(va, handle, 0);
             return Ok(false);
         }
         match self.unmap(va) {
             Ok(()) => {}
-            Err(GaudiError::StillExported { .. }) => {
+            Err((va, GaudiError::StillExported { .. })) => {
                 log::info!(
-                    "{}: allocation at {va:#x} (handle {handle:#x}, {size} bytes) given up while the driver still holds a DMA-buf of it (unmap refused with EINVAL, \"memory is exported\"), though no fd md-gaudi handed out is open: a NIC registration or a copy of such an fd holds it; it is freed after its release",
-                    self.name
+                    "{}: allocation at {addr:#x} (handle {:#x}, {size} bytes) given up while the driver still holds a DMA-buf of it (unmap refused with EINVAL, \"memory is exported\"), though no fd md-gaudi handed out is open: a NIC registration or a copy of such an fd holds it; it is freed after its release",
+                    self.name, handle.raw()
                 );
                 self.defer(va, handle, 1);
                 return Ok(false);
             }
-            Err(e) => return Err(e),
+            Err((_, e)) => return Err(e),
         }
-        self.free(handle)?;
+        self.free(handle).map_err(|(_, e)| e)?;
         Ok(true)
     }
 
-    fn defer(&self, va: u64, handle: u64, refused: u32) {
+    fn defer(&self, va: DeviceVa, handle: AllocHandle, refused: u32) {
         let mut book = self.book();
-        if book.deferred.iter().any(|d| d.va == va) {
+        if book.deferred.iter().any(|d| d.va.addr() == va.addr()) {
             return;
         }
         book.deferred.push(Deferred {
@@ -431,34 +456,36 @@ impl Device {
         for mut d in deferred {
             let now = Instant::now();
             let waiting = !now_regardless && d.not_before.is_some_and(|t| now < t);
-            if waiting || self.handed_out_open(d.va) > 0 {
+            let (addr, raw) = (d.va.addr(), d.handle.raw());
+            if waiting || self.handed_out_open(addr) > 0 {
                 held.push(d);
                 continue;
             }
             match self.unmap(d.va) {
                 Ok(()) => {
-                    if let Err(e) = self.free(d.handle) {
+                    if let Err((_, e)) = self.free(d.handle) {
                         log::error!(
-                            "{}: allocation at {:#x} (handle {:#x}) unmapped after its DMA-buf's release but not freed: {e}; the driver frees it when the device is closed",
-                            self.name, d.va, d.handle
+                            "{}: allocation at {addr:#x} (handle {raw:#x}) unmapped after its DMA-buf's release but not freed: {e}; the driver frees it when the device is closed",
+                            self.name
                         );
                     }
                 }
-                Err(GaudiError::StillExported { .. }) => {
+                Err((va, GaudiError::StillExported { .. })) => {
+                    d.va = va;
                     d.refused += 1;
                     d.not_before = Some(now + backoff(d.refused));
                     if d.refused == REFUSALS_REPORTED {
                         log::error!(
-                            "{}: allocation at {:#x} (handle {:#x}): the driver refused to unmap it {} times (EINVAL) with no DMA-buf fd md-gaudi handed out open; a NIC registration or a copy of a DMA-buf fd still holds it, or the driver's EINVAL means something else; retried at most every {}s, and freed by the driver when the device is closed",
-                            self.name, d.va, d.handle, d.refused, RETRY_MAX.as_secs()
+                            "{}: allocation at {addr:#x} (handle {raw:#x}): the driver refused to unmap it {} times (EINVAL) with no DMA-buf fd md-gaudi handed out open; a NIC registration or a copy of a DMA-buf fd still holds it, or the driver's EINVAL means something else; retried at most every {}s, and freed by the driver when the device is closed",
+                            self.name, d.refused, RETRY_MAX.as_secs()
                         );
                     }
                     held.push(d);
                 }
-                Err(e) => {
+                Err((_, e)) => {
                     log::error!(
-                        "{}: allocation at {:#x} (handle {:#x}) cannot be unmapped: {e}; given up, the driver frees it when the device is closed",
-                        self.name, d.va, d.handle
+                        "{}: allocation at {addr:#x} (handle {raw:#x}) cannot be unmapped: {e}; given up, the driver frees it when the device is closed",
+                        self.name
                     );
                 }
             }
@@ -487,7 +514,13 @@ impl Device {
 
     /// Exports `[va + offset, +size)` of a mapping as a DMA-buf the caller
     /// owns, after checking the driver's rules.
-    pub fn export_dmabuf(&self, va: u64, size: u64, offset: u64, flags: u32) -> Result<OwnedFd> {
+    pub fn export_dmabuf(
+        &self,
+        va: &DeviceVa,
+        size: u64,
+        offset: u64,
+        flags: u32,
+    ) -> Result<OwnedFd> {
         let dev = || self.name.clone();
         if flags != EXPORT_FLAGS {
             return Err(GaudiError::ExportFlags {
@@ -501,7 +534,7 @@ impl Device {
         }
         // The driver's validate_export_params_common (Linux 6.7 and later):
         // address, size and offset all multiples of the page.
-        for (what, value) in [("address", va), ("size", size), ("offset", offset)] {
+        for (what, value) in [("address", va.addr()), ("size", size), ("offset", offset)] {
             if !value.is_multiple_of(PAGE) {
                 return Err(GaudiError::ExportMisaligned {
                     device: dev(),
@@ -511,10 +544,10 @@ impl Device {
                 });
             }
         }
-        let Some(&(_, mapping_len)) = self.book().maps.get(&va) else {
+        let Some(mapping_len) = self.mapping_len(va) else {
             return Err(GaudiError::NotMapped {
                 device: dev(),
-                addr: va,
+                addr: va.addr(),
             });
         };
         // The mapping covers the allocation rounded up to whole pages.
@@ -527,8 +560,8 @@ impl Device {
                 mapping_len,
             });
         }
-        self.lib
-            .export_dmabuf(self.fd, va, size, offset, flags)
+        self.fd
+            .export_dmabuf(va, size, offset, flags)
             .map_err(|e| self.driver("hlthunk_device_mapped_memory_export_dmabuf_fd", e))
     }
 }
@@ -553,8 +586,6 @@ impl Drop for Device {
                 self.name
             );
         }
-        if let Err(e) = self.lib.close(self.fd) {
-            log::warn!("{}: hlthunk_close failed: {e}", self.name);
-        }
+        // The fd closes after this, as the field is dropped.
     }
 }

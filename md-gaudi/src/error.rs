@@ -66,7 +66,7 @@ pub enum GaudiError {
         mapping_len: u64,
     },
 
-    #[error("{device}: {addr:#x} is not a mapped device address (the start of a mapping); export from the VA that hlthunk_device_memory_map returned, not a handle")]
+    #[error("{device}: {addr:#x} is not a live mapping of this device; use an address this device's map returned and has not unmapped")]
     NotMapped { device: String, addr: u64 },
 
     #[error("{device}: DMA-buf export of 0 bytes; export at least one page")]
@@ -75,7 +75,7 @@ pub enum GaudiError {
     #[error("{device}: {addr:#x} cannot be unmapped while a DMA-buf exported from it is open (the driver refuses with EINVAL); close every fd of the DMA-buf and deregister every NIC registration of it first")]
     StillExported { device: String, addr: u64 },
 
-    #[error("{device}: handle {handle:#x} is not a live allocation")]
+    #[error("{device}: handle {handle:#x} is not a live allocation of this device; use a handle this device's alloc returned and has not freed")]
     NoSuchHandle { device: String, handle: u64 },
 
     #[error("{device}: handle {handle:#x} is still mapped; unmap it before freeing")]

@@ -1,11 +1,20 @@
 //! hl-thunk, loaded at run time: the function pointers md-gaudi calls, and
 //! thin wrappers that turn their return conventions into errno values.
 //! Nothing here checks the driver's rules; `device.rs` does.
+//!
+//! What hl-thunk names by integers is owned here: a device fd is a
+//! [`DeviceFd`] (closed once, on drop), an allocation an [`AllocHandle`]
+//! and a mapping a [`DeviceVa`], which only the calls that create them
+//! make and the calls that end them take by value; each works only with
+//! the open that made it.
 
 use std::ffi::{c_char, c_int, CStr};
+use std::fmt;
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use libloading::Library;
 
@@ -68,8 +77,8 @@ type DescribeFn = unsafe extern "C" fn() -> *const c_char;
 /// The loaded library and the functions md-gaudi uses.
 ///
 /// Safe code cannot close, free or unmap what it did not open, allocate or
-/// map: there is no call that takes a bare integer for a device fd, an
-/// allocation handle or a device address. Each of these does not compile:
+/// map: no call takes a bare integer for a device fd, an allocation handle
+/// or a device address. Each of these does not compile:
 ///
 /// ```compile_fail,E0599
 /// fn close_any(lib: &md_gaudi::HlThunk) {
@@ -87,6 +96,44 @@ type DescribeFn = unsafe extern "C" fn() -> *const c_char;
 /// fn unmap_any(lib: &md_gaudi::HlThunk, fd: std::ffi::c_int) {
 ///     let _ = lib.unmap(fd, 0x1001_0000_0000);
 /// }
+/// ```
+///
+/// nor through an open device, which takes only what it made:
+///
+/// ```compile_fail,E0308
+/// fn free_any(dev: &md_gaudi::hlthunk::DeviceFd) {
+///     let _ = dev.mem_free(0x1000);
+/// }
+/// ```
+///
+/// ```compile_fail,E0308
+/// fn unmap_any(dev: &md_gaudi::hlthunk::DeviceFd) {
+///     let _ = dev.unmap(0x1001_0000_0000);
+/// }
+/// ```
+///
+/// and no handle or address is made from an integer:
+///
+/// ```compile_fail,E0451
+/// let _ = md_gaudi::AllocHandle { raw: 0x1000, open: 1 };
+/// ```
+///
+/// ```compile_fail,E0451
+/// let _ = md_gaudi::DeviceVa { addr: 0x1001_0000_0000, open: 1 };
+/// ```
+///
+/// What does compile, the whole life of a mapped allocation:
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use md_gaudi::HlThunk;
+/// let lib = Arc::new(HlThunk::load("libhl-thunk.so".as_ref()).expect("hl-thunk"));
+/// let dev = lib.open(None).expect("a free device");
+/// let handle = dev.mem_alloc(4 << 20, 0).expect("alloc");
+/// let va = dev.mem_map(&handle).expect("map");
+/// dev.unmap(va).map_err(|(_, e)| e).expect("unmap");
+/// dev.mem_free(handle).map_err(|(_, e)| e).expect("free");
+/// dev.close().expect("close");
 /// ```
 pub struct HlThunk {
     path: PathBuf,
@@ -202,9 +249,8 @@ impl HlThunk {
         unsafe { (self.device_count)(device_name::DONT_CARE) }
     }
 
-    /// Opens a device: the first free one, or the one at `bus_id`. The fd
-    /// is closed with [`close`](Self::close), never directly.
-    pub fn open(&self, bus_id: Option<&str>) -> io::Result<c_int> {
+    /// Opens a device: the first free one, or the one at `bus_id`.
+    pub fn open(self: &Arc<Self>, bus_id: Option<&str>) -> io::Result<DeviceFd> {
         let bus_id = bus_id
             .map(std::ffi::CString::new)
             .transpose()
@@ -219,40 +265,131 @@ impl HlThunk {
             )
         };
         if fd < 0 {
-            Err(int_error(fd))
-        } else {
-            Ok(fd)
+            return Err(int_error(fd));
         }
+        Ok(DeviceFd {
+            lib: self.clone(),
+            fd,
+            open: NEXT_OPEN.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+}
+
+/// Numbers the device opens of this process, so that a handle or an
+/// address is used only with the open that made it: the driver's handles
+/// and addresses are per device, and fd numbers are reused after a close.
+static NEXT_OPEN: AtomicU64 = AtomicU64::new(1);
+
+/// An open hl-thunk device. Only [`HlThunk::open`] makes one; it is closed
+/// once, with `hlthunk_close`, on drop or by [`close`](Self::close). The
+/// handles and addresses it gives out work with it alone.
+pub struct DeviceFd {
+    lib: Arc<HlThunk>,
+    /// -1 once [`close`](Self::close) has closed it.
+    fd: c_int,
+    open: u64,
+}
+
+/// A device memory allocation. Only [`DeviceFd::mem_alloc`] makes one and
+/// only [`DeviceFd::mem_free`] ends it, taking it; it is neither `Clone`
+/// nor made from an integer, so it is freed once, by its owner. Dropped
+/// without a free, the memory stays allocated until the device is closed
+/// (the driver frees it then).
+#[derive(Debug)]
+pub struct AllocHandle {
+    raw: u64,
+    open: u64,
+}
+
+/// A mapping of an allocation at a device virtual address. Only
+/// [`DeviceFd::mem_map`] makes one and only [`DeviceFd::unmap`] ends it,
+/// taking it.
+#[derive(Debug)]
+pub struct DeviceVa {
+    addr: u64,
+    open: u64,
+}
+
+impl AllocHandle {
+    /// The driver's handle, for messages and bookkeeping.
+    pub fn raw(&self) -> u64 {
+        self.raw
     }
 
-    pub fn close(&self, fd: c_int) -> io::Result<()> {
-        // SAFETY: `hlthunk_close` has the prototype FdFn (see the contract
-        // on the prototypes); its one argument is a value. Closing the
-        // right fd, once, is the caller's duty (see `open`): a wrong one
-        // fails with EBADF or closes another descriptor, which is no
-        // memory error.
-        let rc = unsafe { (self.close)(fd) };
-        if rc < 0 {
-            Err(int_error(rc))
-        } else {
-            Ok(())
-        }
+    pub(crate) fn open_id(&self) -> u64 {
+        self.open
+    }
+}
+
+impl DeviceVa {
+    /// The device address: what work requests, rkeys and queries use.
+    pub fn addr(&self) -> u64 {
+        self.addr
     }
 
-    pub fn device_name(&self, fd: c_int) -> c_int {
+    pub(crate) fn open_id(&self) -> u64 {
+        self.open
+    }
+}
+
+impl fmt::Debug for DeviceFd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceFd")
+            .field("fd", &self.fd)
+            .field("open", &self.open)
+            .finish()
+    }
+}
+
+impl AsRawFd for DeviceFd {
+    /// The fd number, for messages and for tests of the library's own
+    /// checks; closing or passing it on is the owner's business.
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd
+    }
+}
+
+fn another_open(what: &str, value: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "{what} {value:#x} belongs to another device open; use it with the device that made it"
+        ),
+    )
+}
+
+impl DeviceFd {
+    /// The library this device was opened with.
+    pub fn lib(&self) -> &HlThunk {
+        &self.lib
+    }
+
+    pub(crate) fn open_id(&self) -> u64 {
+        self.open
+    }
+
+    /// Closes the device now, reporting hl-thunk's error (drop closes too,
+    /// and logs it).
+    pub fn close(mut self) -> io::Result<()> {
+        let fd = std::mem::replace(&mut self.fd, -1);
+        self.lib.close_fd(fd)
+    }
+
+    pub fn device_name(&self) -> c_int {
         // SAFETY: `hlthunk_get_device_name_from_fd` has the prototype FdFn
         // (see the contract on the prototypes); its one argument is a
         // value.
-        unsafe { (self.device_name_from_fd)(fd) }
+        unsafe { (self.lib.device_name_from_fd)(self.fd) }
     }
 
-    pub fn pci_bus_id(&self, fd: c_int) -> io::Result<String> {
+    pub fn pci_bus_id(&self) -> io::Result<String> {
         let mut buf = [0 as c_char; 64];
         // SAFETY: `hlthunk_get_pci_bus_id_from_fd` has the prototype
         // BusIdFn (see the contract on the prototypes): it writes at most
         // the length it is given into the buffer, and `buf` has exactly
         // that many writable bytes.
-        let rc = unsafe { (self.pci_bus_id_from_fd)(fd, buf.as_mut_ptr(), buf.len() as c_int) };
+        let rc =
+            unsafe { (self.lib.pci_bus_id_from_fd)(self.fd, buf.as_mut_ptr(), buf.len() as c_int) };
         if rc < 0 {
             return Err(int_error(rc));
         }
@@ -265,13 +402,13 @@ impl HlThunk {
     }
 
     /// `dram_size` from the hardware info.
-    pub fn dram_size(&self, fd: c_int) -> io::Result<u64> {
+    pub fn dram_size(&self) -> io::Result<u64> {
         let mut buf = vec![0u8; HW_IP_INFO_BYTES];
         // SAFETY: `hlthunk_get_hw_ip_info` has the prototype HwIpFn (see the
         // contract on the prototypes): it writes one `struct
         // hlthunk_hw_ip_info` through the pointer, and `buf` has
         // HW_IP_INFO_BYTES writable bytes, more than that struct.
-        let rc = unsafe { (self.hw_ip_info)(fd, buf.as_mut_ptr()) };
+        let rc = unsafe { (self.lib.hw_ip_info)(self.fd, buf.as_mut_ptr()) };
         if rc < 0 {
             return Err(int_error(rc));
         }
@@ -280,68 +417,88 @@ impl HlThunk {
         Ok(u64::from_ne_bytes(b))
     }
 
-    /// Returns the handle; errno on failure.
-    pub fn mem_alloc(&self, fd: c_int, size: u64, page_size: u64) -> io::Result<u64> {
+    /// `hlthunk_device_memory_alloc`; errno on failure.
+    pub fn mem_alloc(&self, size: u64, page_size: u64) -> io::Result<AllocHandle> {
         // SAFETY: `hlthunk_device_memory_alloc` has the prototype AllocFn
         // (see the contract on the prototypes); every argument is a value.
-        let handle = unsafe { (self.mem_alloc)(fd, size, page_size, false, false) };
-        if handle == 0 {
-            Err(errno())
-        } else {
-            Ok(handle)
+        let raw = unsafe { (self.lib.mem_alloc)(self.fd, size, page_size, false, false) };
+        if raw == 0 {
+            return Err(errno());
         }
+        Ok(AllocHandle {
+            raw,
+            open: self.open,
+        })
     }
 
-    pub fn mem_free(&self, fd: c_int, handle: u64) -> io::Result<()> {
+    /// `hlthunk_device_memory_free`. On failure (the driver refuses a
+    /// mapped allocation) the handle comes back with the error.
+    pub fn mem_free(&self, handle: AllocHandle) -> Result<(), (AllocHandle, io::Error)> {
+        if handle.open != self.open {
+            let err = another_open("allocation handle", handle.raw);
+            return Err((handle, err));
+        }
         // SAFETY: `hlthunk_device_memory_free` has the prototype HandleFn
         // (see the contract on the prototypes); every argument is a value,
         // and the handle names device memory, never host memory.
-        let rc = unsafe { (self.mem_free)(fd, handle) };
+        let rc = unsafe { (self.lib.mem_free)(self.fd, handle.raw) };
         if rc < 0 {
-            Err(int_error(rc))
-        } else {
-            Ok(())
+            return Err((handle, int_error(rc)));
         }
+        Ok(())
     }
 
-    /// Returns the device VA; errno on failure.
-    pub fn mem_map(&self, fd: c_int, handle: u64) -> io::Result<u64> {
+    /// `hlthunk_device_memory_map`: the device VA of the whole allocation.
+    pub fn mem_map(&self, handle: &AllocHandle) -> io::Result<DeviceVa> {
+        if handle.open != self.open {
+            return Err(another_open("allocation handle", handle.raw));
+        }
         // SAFETY: `hlthunk_device_memory_map` has the prototype MapFn (see
         // the contract on the prototypes); every argument is a value (a
         // hint address of 0 lets the driver choose).
-        let va = unsafe { (self.mem_map)(fd, handle, 0) };
-        if va == 0 {
-            Err(errno())
-        } else {
-            Ok(va)
+        let addr = unsafe { (self.lib.mem_map)(self.fd, handle.raw, 0) };
+        if addr == 0 {
+            return Err(errno());
         }
+        Ok(DeviceVa {
+            addr,
+            open: self.open,
+        })
     }
 
-    pub fn unmap(&self, fd: c_int, va: u64) -> io::Result<()> {
+    /// `hlthunk_memory_unmap`. On failure (the driver refuses while a
+    /// DMA-buf of the mapping is open) the address comes back with the
+    /// error.
+    pub fn unmap(&self, va: DeviceVa) -> Result<(), (DeviceVa, io::Error)> {
+        if va.open != self.open {
+            let err = another_open("device address", va.addr);
+            return Err((va, err));
+        }
         // SAFETY: `hlthunk_memory_unmap` has the prototype HandleFn (see the
         // contract on the prototypes); every argument is a value, and the
         // address is a device VA, not a host mapping.
-        let rc = unsafe { (self.unmap)(fd, va) };
+        let rc = unsafe { (self.lib.unmap)(self.fd, va.addr) };
         if rc < 0 {
-            Err(int_error(rc))
-        } else {
-            Ok(())
+            return Err((va, int_error(rc)));
         }
+        Ok(())
     }
 
-    /// Exports a DMA-buf; the caller owns the fd.
+    /// Exports `[va + offset, +size)` as a DMA-buf; the caller owns the fd.
     pub fn export_dmabuf(
         &self,
-        fd: c_int,
-        addr: u64,
+        va: &DeviceVa,
         size: u64,
         offset: u64,
         flags: u32,
     ) -> io::Result<OwnedFd> {
+        if va.open != self.open {
+            return Err(another_open("device address", va.addr));
+        }
         // SAFETY: `hlthunk_device_mapped_memory_export_dmabuf_fd` has the
         // prototype ExportFn (see the contract on the prototypes); every
         // argument is a value.
-        let rc = unsafe { (self.export_dmabuf)(fd, addr, size, offset, flags) };
+        let rc = unsafe { (self.lib.export_dmabuf)(self.fd, va.addr, size, offset, flags) };
         if rc < 0 {
             return Err(int_error(rc));
         }
@@ -349,5 +506,32 @@ impl HlThunk {
         // caller; hl-thunk keeps no copy, so nothing else owns or closes
         // it.
         Ok(unsafe { OwnedFd::from_raw_fd(rc) })
+    }
+}
+
+impl HlThunk {
+    /// `hlthunk_close`, for [`DeviceFd`] alone, which owns the fd and
+    /// calls this once.
+    fn close_fd(&self, fd: c_int) -> io::Result<()> {
+        // SAFETY: `hlthunk_close` has the prototype FdFn (see the contract
+        // on the prototypes); its one argument is a value: the fd of a
+        // `DeviceFd`, open since `open` and closed only here.
+        let rc = unsafe { (self.close)(fd) };
+        if rc < 0 {
+            Err(int_error(rc))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Drop for DeviceFd {
+    fn drop(&mut self) {
+        if self.fd < 0 {
+            return;
+        }
+        if let Err(e) = self.lib.close_fd(self.fd) {
+            log::warn!("hlthunk_close(fd {}) failed: {e}", self.fd);
+        }
     }
 }

@@ -22,7 +22,7 @@ use uct_core::{
 
 pub use device::Device;
 pub use error::GaudiError;
-pub use hlthunk::HlThunk;
+pub use hlthunk::{AllocHandle, DeviceFd, DeviceVa, HlThunk};
 pub use md::GaudiMd;
 
 const NAME: &str = "gaudi";

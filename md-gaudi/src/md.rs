@@ -17,6 +17,7 @@ use uct_core::{
 
 use crate::device::{Device, EXPORT_FLAGS, PAGE};
 use crate::error::GaudiError;
+use crate::hlthunk::{AllocHandle, DeviceVa};
 
 /// A live allocation, as the MD's query and detection see it.
 struct Live {
@@ -44,8 +45,10 @@ pub struct GaudiMd {
 /// frees, in that order.
 struct GaudiAlloc {
     dev: Arc<Device>,
-    handle: u64,
-    va: u64,
+    /// The mapping's device address, the allocation's key in `live`.
+    addr: u64,
+    /// The mapping and the allocation; `None` only while dropping.
+    mapped: Option<(DeviceVa, AllocHandle)>,
     /// `None` only while dropping.
     dmabuf: Option<Arc<OwnedFd>>,
     live: LiveTable,
@@ -78,13 +81,13 @@ impl MemBacking for GaudiAlloc {
 
     fn query(&self, region: &MemRegion) -> Option<Result<MemInfo>> {
         let fd = self.dmabuf.as_ref()?;
-        Some(info(&self.dev, self.va, region.len() as u64, fd, 0))
+        Some(info(&self.dev, self.addr, region.len() as u64, fd, 0))
     }
 }
 
 impl Drop for GaudiAlloc {
     fn drop(&mut self) {
-        table(&self.live).remove(&self.va);
+        table(&self.live).remove(&self.addr);
         // Our DMA-buf fd goes first. The driver refuses to unmap (and so to
         // free) while any DMA-buf of the mapping is open: a NIC
         // registration made through `register_handle` holds this region,
@@ -92,8 +95,10 @@ impl Drop for GaudiAlloc {
         // it. Then the allocation is deferred, and freed by a later
         // reclaim once that fd is closed.
         drop(self.dmabuf.take());
-        if let Err(e) = self.dev.unmap_and_free(self.va, self.handle) {
-            log::warn!("{}: freeing {:#x}: {e}", self.dev.name, self.va);
+        if let Some((va, handle)) = self.mapped.take() {
+            if let Err(e) = self.dev.unmap_and_free(va, handle) {
+                log::warn!("{}: freeing {:#x}: {e}", self.dev.name, self.addr);
+            }
         }
         self.dev.reclaim_due();
     }
@@ -147,23 +152,31 @@ impl GaudiMd {
         self.dev.reclaim_due();
         let size = (len as u64).next_multiple_of(PAGE);
         let handle = self.dev.alloc(size, 0)?;
-        let va = match self.dev.map(handle) {
+        let va = match self.dev.map(&handle) {
             Ok(va) => va,
             Err(e) => {
-                let _ = self.dev.free(handle);
+                if let Err((_, free)) = self.dev.free(handle) {
+                    log::warn!("{}: freeing after a failed map: {free}", self.dev.name);
+                }
                 return Err(e);
             }
         };
-        let dmabuf = match self.dev.export_dmabuf(va, size.max(PAGE), 0, EXPORT_FLAGS) {
+        let dmabuf = match self.dev.export_dmabuf(&va, size.max(PAGE), 0, EXPORT_FLAGS) {
             Ok(fd) => Arc::new(fd),
             Err(e) => {
-                let _ = self.dev.unmap(va);
-                let _ = self.dev.free(handle);
+                let addr = va.addr();
+                if let Err(free) = self.dev.unmap_and_free(va, handle) {
+                    log::warn!(
+                        "{}: freeing {addr:#x} after a failed export: {free}",
+                        self.dev.name
+                    );
+                }
                 return Err(e);
             }
         };
+        let addr = va.addr();
         table(&self.live).insert(
-            va,
+            addr,
             Live {
                 len: len as u64,
                 dmabuf: dmabuf.clone(),
@@ -171,16 +184,16 @@ impl GaudiMd {
         );
         let backing = GaudiAlloc {
             dev: self.dev.clone(),
-            handle,
-            va,
+            addr,
+            mapped: Some((va, handle)),
             dmabuf: Some(dmabuf),
             live: self.live.clone(),
         };
-        // SAFETY: Gaudi memory is not host-accessible; `va` is a device
+        // SAFETY: Gaudi memory is not host-accessible; `addr` is a device
         // address the CPU never dereferences.
         Ok(unsafe {
             MemRegion::new(
-                va,
+                addr,
                 len,
                 MemoryType::Gaudi,
                 access,

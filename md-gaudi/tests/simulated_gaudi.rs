@@ -9,6 +9,7 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use hlthunk_sim::loaded as sim;
 use md_gaudi::device::{EXPORT_FLAGS, PAGE, REFUSALS_REPORTED};
 use md_gaudi::{GaudiError, GaudiMd};
 use uct_core::{Access, MdFlags, MemoryDomain, MemoryType, UctError};
@@ -38,18 +39,15 @@ fn fixture() -> (&'static [Arc<GaudiMd>], MutexGuard<'static, ()>) {
     )
 }
 
-/// Calls one of the simulator's own counters, in the same loaded copy.
+/// One of the simulator's own counters, in the copy md-gaudi loaded.
 fn sim_counter(name: &str) -> u64 {
-    // SAFETY: the simulator md-gaudi already loaded (dlopen returns the
-    // same handle, so its initialisers do not run again).
-    let lib = unsafe { libloading::Library::new(sim_path()) }.expect("load the simulator");
-    // SAFETY: the simulator's counters (`hlthunk_sim_*`) take nothing and
-    // return a u64; the symbol is used only while `lib` is alive, here.
-    let counter =
-        unsafe { lib.get::<unsafe extern "C" fn() -> u64>(format!("{name}\0").as_bytes()) }
-            .expect("simulator counter");
-    // SAFETY: a counter with the prototype above; the library is loaded.
-    unsafe { counter() }
+    match name {
+        "hlthunk_sim_live_allocations" => sim::live_allocations(),
+        "hlthunk_sim_live_mappings" => sim::live_mappings(),
+        "hlthunk_sim_refused_unmaps" => sim::refused_unmaps(),
+        "hlthunk_sim_open_exports" => sim::open_exports(),
+        other => panic!("no simulator counter {other}"),
+    }
 }
 
 fn open_fds() -> usize {
@@ -226,27 +224,20 @@ fn each_driver_rule_violation_has_its_named_error() {
 
     let size = 4 << 20;
     let handle = dev.alloc(size, 0).unwrap();
-    let va = dev.map(handle).unwrap();
+    let va = dev.map(&handle).unwrap();
     let rw = libc::O_RDWR as u32;
     assert!(matches!(
-        dev.export_dmabuf(va, size, 0, rw),
+        dev.export_dmabuf(&va, size, 0, rw),
         Err(GaudiError::ExportFlags { flags, .. }) if flags == rw
     ));
     assert!(matches!(
-        dev.export_dmabuf(va, size, 0, EXPORT_FLAGS | libc::O_NONBLOCK as u32),
+        dev.export_dmabuf(&va, size, 0, EXPORT_FLAGS | libc::O_NONBLOCK as u32),
         Err(GaudiError::ExportFlags { .. })
-    ));
-    assert!(matches!(
-        dev.export_dmabuf(va + 64, PAGE, 0, EXPORT_FLAGS),
-        Err(GaudiError::ExportMisaligned {
-            what: "address",
-            ..
-        })
     ));
     // The size: a multiple of the page (the driver's rule since Linux 6.7),
     // refused here before the driver is asked.
     assert!(matches!(
-        dev.export_dmabuf(va, 100, 0, EXPORT_FLAGS),
+        dev.export_dmabuf(&va, 100, 0, EXPORT_FLAGS),
         Err(GaudiError::ExportMisaligned {
             what: "size",
             value: 100,
@@ -254,80 +245,87 @@ fn each_driver_rule_violation_has_its_named_error() {
         })
     ));
     assert!(matches!(
-        dev.export_dmabuf(va, PAGE + 100, 0, EXPORT_FLAGS),
+        dev.export_dmabuf(&va, PAGE + 100, 0, EXPORT_FLAGS),
         Err(GaudiError::ExportMisaligned { what: "size", value, .. }) if value == PAGE + 100
     ));
     drop(
-        dev.export_dmabuf(va, 2 * PAGE, 0, EXPORT_FLAGS)
+        dev.export_dmabuf(&va, 2 * PAGE, 0, EXPORT_FLAGS)
             .expect("a whole number of pages"),
     );
     assert!(matches!(
-        dev.export_dmabuf(va, PAGE, 100, EXPORT_FLAGS),
+        dev.export_dmabuf(&va, PAGE, 100, EXPORT_FLAGS),
         Err(GaudiError::ExportMisaligned { what: "offset", .. })
     ));
     assert!(matches!(
-        dev.export_dmabuf(va, size, PAGE, EXPORT_FLAGS),
+        dev.export_dmabuf(&va, size, PAGE, EXPORT_FLAGS),
         Err(GaudiError::ExportOutOfBounds { .. })
     ));
     assert!(matches!(
-        dev.export_dmabuf(va, 0, 0, EXPORT_FLAGS),
+        dev.export_dmabuf(&va, 0, 0, EXPORT_FLAGS),
         Err(GaudiError::ExportEmpty { .. })
     ));
-    // A handle is not a VA. The simulator's handles are page-aligned, a
-    // deliberate difference from the driver's idr ids (1, 2, ...), so that
-    // the alignment check passes and the lookup of a mapping refuses it.
-    assert_eq!(
-        handle % PAGE,
-        0,
-        "the simulator's handles are page-aligned (unlike the driver's)"
-    );
-    assert!(matches!(
-        dev.export_dmabuf(handle, PAGE, 0, EXPORT_FLAGS),
-        Err(GaudiError::NotMapped { addr, .. }) if addr == handle
-    ));
-    // Nor is an address inside a mapping: exports start at the mapping.
-    assert!(matches!(
-        dev.export_dmabuf(va + PAGE, PAGE, 0, EXPORT_FLAGS),
-        Err(GaudiError::NotMapped { addr, .. }) if addr == va + PAGE
-    ));
-    let other = va + (64 << 20);
-    assert!(matches!(
-        dev.export_dmabuf(other, PAGE, 0, EXPORT_FLAGS),
-        Err(GaudiError::NotMapped { addr, .. }) if addr == other
-    ));
     // A good export of the tail works, and holds the mapping: the driver
-    // refuses the unmap, named for why.
+    // refuses the unmap, named for why, and the address comes back.
     let fd = dev
-        .export_dmabuf(va, PAGE, size - PAGE, EXPORT_FLAGS)
+        .export_dmabuf(&va, PAGE, size - PAGE, EXPORT_FLAGS)
         .expect("tail export");
-    assert!(matches!(
-        dev.unmap(va),
-        Err(GaudiError::StillExported { addr, .. }) if addr == va
-    ));
-    assert!(matches!(
-        dev.free(handle),
-        Err(GaudiError::StillMapped { .. })
-    ));
+    let addr = va.addr();
+    let (va, e) = dev.unmap(va).expect_err("exported");
+    assert!(matches!(e, GaudiError::StillExported { addr: a, .. } if a == addr));
+    let (handle, e) = dev.free(handle).expect_err("mapped");
+    assert!(matches!(e, GaudiError::StillMapped { .. }));
     drop(fd);
+    let (handle, e) = dev.free(handle).expect_err("still mapped");
+    assert!(matches!(e, GaudiError::StillMapped { .. }));
+    dev.unmap(va).map_err(|(_, e)| e).unwrap();
+    dev.free(handle).map_err(|(_, e)| e).unwrap();
+    assert_eq!(dev.in_use(), 0);
+}
+
+/// Handles and addresses work only with the device that made them: each
+/// device numbers its handles from the same start, so a handle of gaudi1
+/// can carry the number of a live allocation of gaudi0, and is refused by
+/// name, that allocation untouched.
+#[test]
+fn a_handle_or_address_of_another_device_is_refused() {
+    let (mds, _serial) = fixture();
+    let (zero, one) = (mds[0].device(), mds[1].device());
+    // Each device counts its own handles: allocate on the one behind until
+    // both hold the same number.
+    let mut ours = zero.alloc(PAGE, 0).unwrap();
+    let mut theirs = one.alloc(PAGE, 0).unwrap();
+    for _ in 0..10_000 {
+        if ours.raw() < theirs.raw() {
+            let next = zero.alloc(PAGE, 0).unwrap();
+            zero.free(std::mem::replace(&mut ours, next))
+                .map_err(|(_, e)| e)
+                .unwrap();
+        } else if theirs.raw() < ours.raw() {
+            let next = one.alloc(PAGE, 0).unwrap();
+            one.free(std::mem::replace(&mut theirs, next))
+                .map_err(|(_, e)| e)
+                .unwrap();
+        } else {
+            break;
+        }
+    }
+    assert_eq!(ours.raw(), theirs.raw(), "the same number on both devices");
+    let e = zero.map(&theirs).expect_err("another device's handle");
+    assert!(matches!(e, GaudiError::NoSuchHandle { .. }), "{e}");
+    let (theirs, e) = zero.free(theirs).expect_err("another device's handle");
+    assert!(matches!(e, GaudiError::NoSuchHandle { .. }), "{e}");
+    assert_eq!(zero.in_use(), PAGE, "gaudi0's allocation untouched");
+    let va = one.map(&theirs).unwrap();
     assert!(matches!(
-        dev.free(handle),
-        Err(GaudiError::StillMapped { .. })
-    ));
-    assert!(matches!(
-        dev.unmap(va + PAGE),
+        zero.export_dmabuf(&va, PAGE, 0, EXPORT_FLAGS),
         Err(GaudiError::NotMapped { .. })
     ));
-    dev.unmap(va).unwrap();
-    dev.free(handle).unwrap();
-    assert!(matches!(
-        dev.free(handle),
-        Err(GaudiError::NoSuchHandle { .. })
-    ));
-    assert!(matches!(
-        dev.map(handle),
-        Err(GaudiError::NoSuchHandle { .. })
-    ));
-    assert_eq!(dev.in_use(), 0);
+    let (va, e) = zero.unmap(va).expect_err("another device's address");
+    assert!(matches!(e, GaudiError::NotMapped { .. }), "{e}");
+    assert!(one.unmap_and_free(va, theirs).expect("freed"));
+    zero.free(ours).map_err(|(_, e)| e).unwrap();
+    assert_eq!((zero.in_use(), one.in_use()), (0, 0));
+    assert_eq!(sim::live_allocations(), 0);
 }
 
 #[test]
@@ -417,10 +415,11 @@ fn a_dmabuf_held_elsewhere_is_retried_sparingly_and_reported() {
     let mem = md
         .alloc(1 << 20, MemoryType::Gaudi, Access::all_rights())
         .expect("alloc");
-    let held = md
-        .device()
-        .export_dmabuf(mem.addr(), PAGE, 0, EXPORT_FLAGS)
-        .expect("an export md-gaudi did not hand out");
+    // A copy of a query's fd, the query's own fd closed: what a NIC's MR
+    // holds after registering the fd by hand (register_dmabuf).
+    let (fd, _) = md.query(mem.addr(), 1).expect("query").dmabuf.expect("fd");
+    let held = fd.try_clone().expect("dup");
+    drop(fd);
     let refused = sim_counter("hlthunk_sim_refused_unmaps");
     drop(mem);
     assert_eq!(md.deferred_frees(), 1);

@@ -60,7 +60,11 @@
 //!
 //! Tests find the built library with [`library_path`]: a dev-dependency on
 //! this crate makes cargo build `libhlthunk_sim.so` beside the test
-//! binaries, and the rlib carries the function that finds it there.
+//! binaries, and the rlib carries the function that finds it there, and
+//! [`loaded`], which reads the loaded copy's counters and makes its raw
+//! calls with any integer.
+
+pub mod loaded;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_int, CStr};
