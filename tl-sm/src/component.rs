@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use uct_core::config::ConfigVar;
 use uct_core::{
     BuiltinComponent, Component, Iface, IfaceParams, MemoryDomain, RemoteKey, Result, RkeyEntry,
     TlResource, UctError,
@@ -15,6 +16,9 @@ use crate::posix::{self, PosixMd};
 
 /// The component's name.
 const NAME: &str = "sm";
+
+/// The variables of both transports.
+const SM_CONFIG: &[ConfigVar] = &[cma::component::PEER_TIMEOUT_VAR];
 
 /// The sm component: memory domains posix and cma, one transport each.
 pub struct SmComponent {
@@ -29,6 +33,10 @@ impl Component for SmComponent {
 
     fn description(&self) -> &str {
         "shared memory on this host: posix segments, cma (process_vm_readv/writev)"
+    }
+
+    fn config_table(&self) -> &'static [ConfigVar] {
+        SM_CONFIG
     }
 
     fn transport_names(&self) -> Vec<String> {

@@ -109,7 +109,8 @@ fn shrink_then_get() {
     let (_iface, mut ep, mem, entry) = self_pair();
     let rkey = unpack(&entry).expect("unpack our own rkey");
     let mut buf = [0u8; 8];
-    ep.get_short(&mut buf, mem.addr(), &rkey)
+    let _done = ep
+        .get_short(&mut buf, mem.addr(), &rkey)
         .expect("a get from our own page");
     let key: CmaRkey = decode_payload(&entry.payload).expect("a cma rkey");
     match std::fs::OpenOptions::new().write(true).open(&key.table) {

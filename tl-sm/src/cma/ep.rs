@@ -10,8 +10,9 @@ use uct_core::{
 };
 
 use super::iface::{MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
+use super::records::{InFlight, PeerTable};
 use super::vm::{transfer, Direction};
-use super::{records, CmaRkey};
+use super::CmaRkey;
 use crate::host;
 
 /// Local memory of a transfer: (pointer, length) pieces.
@@ -28,8 +29,16 @@ impl CmaEp {
         CmaEp { pid }
     }
 
-    /// Checks the owner's record for an access, in its mapped table.
-    fn check(&self, rkey: &RemoteKey, addr: u64, len: usize, needed: Access) -> Result<()> {
+    /// Checks the owner's record for an access, in its mapped table, and
+    /// holds it in flight (so that the owner does not hand the memory back)
+    /// until the returned guard is dropped after the transfer.
+    fn check<'k>(
+        &mut self,
+        rkey: &'k RemoteKey,
+        addr: u64,
+        len: usize,
+        needed: Access,
+    ) -> Result<InFlight<'k>> {
         let key = rkey.downcast::<CmaRkey>("cma")?;
         if key.pid != self.pid {
             return Err(UctError::RkeyMismatch {
@@ -40,15 +49,14 @@ impl CmaEp {
         let table = match key.mapping.get() {
             Some(table) => table,
             None => {
-                let table = Arc::new(records::open_table(&key.table, key.soft.region_id)?);
-                let _ = key.mapping.set(table);
+                let table = PeerTable::open(&key.table, key.pid, key.soft.region_id)?;
+                let _ = key.mapping.set(Arc::new(table));
                 key.mapping.get().ok_or(UctError::NoSuchRegion {
                     region_id: key.soft.region_id,
                 })?
             }
         };
-        records::check(
-            table,
+        table.access(
             key.index,
             key.soft.region_id,
             key.soft.secret,
@@ -80,13 +88,14 @@ impl CmaEp {
     ///
     /// # Safety
     /// Every piece must be readable for its length for the whole call.
-    unsafe fn put(&self, pieces: &Pieces, addr: u64, rkey: &RemoteKey) -> Result<Status> {
+    unsafe fn put(&mut self, pieces: &Pieces, addr: u64, rkey: &RemoteKey) -> Result<Status> {
         let len = pieces.iter().map(|(_, len)| len).sum();
-        self.check(rkey, addr, len, Access::REMOTE_WRITE)?;
+        let in_flight = self.check(rkey, addr, len, Access::REMOTE_WRITE)?;
         between_check_and_transfer();
         // SAFETY: the pieces are readable for the whole call (this
         // function's contract).
         unsafe { transfer(self.pid, pieces, addr, Direction::Write) }?;
+        drop(in_flight);
         Ok(Status::Done)
     }
 
@@ -96,12 +105,13 @@ impl CmaEp {
     /// # Safety
     /// Every piece must be writable for its length for the whole call, and
     /// borrowed by nothing else.
-    unsafe fn get(&self, pieces: &Pieces, addr: u64, rkey: &RemoteKey) -> Result<Status> {
+    unsafe fn get(&mut self, pieces: &Pieces, addr: u64, rkey: &RemoteKey) -> Result<Status> {
         let len = pieces.iter().map(|(_, len)| len).sum();
-        self.check(rkey, addr, len, Access::REMOTE_READ)?;
+        let in_flight = self.check(rkey, addr, len, Access::REMOTE_READ)?;
         // SAFETY: the pieces are writable and unborrowed for the whole call
         // (this function's contract).
         unsafe { transfer(self.pid, pieces, addr, Direction::Read) }?;
+        drop(in_flight);
         Ok(Status::Done)
     }
 

@@ -15,9 +15,8 @@ use uct_core::{
     Access, MemHandle, MemRegion, MemoryDomain, MemoryType, Result, RkeyEntry, UctError,
 };
 
-use super::records;
+use super::records::{self, PeerTable};
 use crate::rkey::{backing_of, new_soft_key, SmRkey};
-use crate::segment::Mapping;
 
 /// The memory domain's name.
 pub const MD_NAME: &str = "cma";
@@ -35,7 +34,7 @@ pub struct CmaRkey {
     pub index: u32,
     /// The table, once an endpoint has mapped it.
     #[serde(skip)]
-    pub(crate) mapping: OnceLock<Arc<Mapping>>,
+    pub(crate) mapping: OnceLock<Arc<PeerTable>>,
 }
 
 impl SmRkey for CmaRkey {
@@ -60,9 +59,24 @@ impl MemBacking for CmaBacking {
 
 impl Drop for CmaBacking {
     fn drop(&mut self) {
-        // Peers check the record before every access: mark it dead first.
-        drop(self.slot.take());
-        drop(self.alloc.take());
+        // Peers check the record before every access: mark it dead and wait
+        // for the accesses in flight before the memory goes.
+        let drained = self
+            .slot
+            .as_mut()
+            .is_none_or(|slot| slot.retire(super::component::peer_timeout()));
+        match self.alloc.take() {
+            Some(mem) if !drained => {
+                // A peer may still write it: never free it.
+                log::error!(
+                    "cma: keeping {} bytes at {:#x} allocated for good, since a peer may still write them",
+                    self.key.len,
+                    self.key.base
+                );
+                std::mem::forget(mem);
+            }
+            mem => drop(mem),
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use uct_core::{Access, Endpoint, EpParams, Iface, MemoryDomain};
+use uct_core::{Access, EpParams, Iface, MemoryDomain};
 
 use crate::cma::{component, CmaIface, CmaMd};
 
@@ -24,6 +24,7 @@ const PUT: u8 = 0xAA;
 
 #[test]
 fn a_put_never_lands_after_deregistration_returned() {
+    let _serial = crate::cma::records::tests::serial();
     let md: Arc<dyn MemoryDomain> = Arc::new(CmaMd::new("sm"));
     let mut iface = CmaIface::open(md.clone());
     let mut ep = iface

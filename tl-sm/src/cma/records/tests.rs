@@ -1,9 +1,11 @@
 //! This process's record table, opened through its `/proc/self/fd` path as
-//! a peer opens it, and small tables made by hand. The table is one per
-//! process: the tests that publish take a lock, so that each sees only its
-//! own registrations (and the one that fills the table fills it alone).
+//! a peer opens it. The table is one per process: the tests that publish
+//! take a lock, so that each sees only its own registrations (and the one
+//! that fills the table fills it alone).
 
+use std::sync::mpsc;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use uct_core::{Access, UctError};
 
@@ -13,28 +15,34 @@ const REGION: u64 = 31;
 const BASE: u64 = 0x7000_0000_0000;
 const LEN: u64 = 0x1000;
 
-fn serial() -> MutexGuard<'static, ()> {
+/// Held by every test of this crate that publishes records.
+pub(crate) fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `check` of `[addr, +len)` needing `needed`, with the right secret.
+/// Our own table, as a peer maps it.
+fn peer_view(slot: &Slot) -> PeerTable {
+    PeerTable::open(&slot.table, std::process::id(), REGION).unwrap()
+}
+
+/// `check` of `[addr, +len)` needing `needed`.
 fn access(
-    map: &Mapping,
+    table: &PeerTable,
     slot: &Slot,
     secret: u64,
     addr: u64,
     len: u64,
     needed: Access,
 ) -> Result<(), UctError> {
-    check(map, slot.index, REGION, secret, addr, len, needed)
+    table.check(slot.index, REGION, secret, addr, len, needed)
 }
 
 #[test]
 fn a_published_region_is_checked_by_peers() {
     let _serial = serial();
     let slot = publish(11, BASE, LEN, Access::remote_read_only()).unwrap();
-    let table = open_table(&slot.table, REGION).unwrap();
+    let table = peer_view(&slot);
     let read = Access::REMOTE_READ;
     assert_eq!(access(&table, &slot, 11, BASE, LEN, read), Ok(()));
     assert_eq!(access(&table, &slot, 11, BASE + 100, 8, read), Ok(()));
@@ -76,6 +84,8 @@ fn a_published_region_is_checked_by_peers() {
             })
         );
     }
+    // Every refusal left the busy counter as it found it.
+    assert_eq!(slot.busy.load(Ordering::SeqCst), 0);
 }
 
 #[test]
@@ -85,7 +95,7 @@ fn registrations_share_one_table_and_get_their_own_records() {
     let b = publish(2, BASE + LEN, LEN, Access::all()).unwrap();
     assert_eq!(a.table, b.table);
     assert_ne!(a.index, b.index);
-    let table = open_table(&a.table, REGION).unwrap();
+    let table = peer_view(&a);
     assert_eq!(
         access(&table, &a, 1, BASE, LEN, Access::REMOTE_WRITE),
         Ok(())
@@ -104,18 +114,18 @@ fn registrations_share_one_table_and_get_their_own_records() {
 fn a_dropped_registration_is_no_such_region_and_its_rkey_stays_stale() {
     let _serial = serial();
     let slot = publish(21, BASE, LEN, Access::all()).unwrap();
-    let table = open_table(&slot.table, REGION).unwrap();
+    let table = peer_view(&slot);
     let index = slot.index;
     drop(slot);
     assert_eq!(
-        check(&table, index, REGION, 21, BASE, 8, Access::REMOTE_READ),
+        table.check(index, REGION, 21, BASE, 8, Access::REMOTE_READ),
         Err(UctError::NoSuchRegion { region_id: REGION })
     );
     // The record is used again; the old secret does not open the new region.
     let again = publish(22, BASE, LEN, Access::all()).unwrap();
     assert_eq!(again.index, index);
     assert_eq!(
-        check(&table, index, REGION, 21, BASE, 8, Access::REMOTE_READ),
+        table.check(index, REGION, 21, BASE, 8, Access::REMOTE_READ),
         Err(UctError::BadSecret)
     );
     assert_eq!(
@@ -133,124 +143,161 @@ fn the_table_holds_capacity_registrations() {
     );
     assert_eq!(a.table, b.table);
     drop((a, b));
-    let slots: Vec<Slot> = (0..CAPACITY)
-        .map(|i| publish(i as u64, BASE, LEN, Access::all()).unwrap())
-        .collect();
-    let table = open_table(&slots[0].table, REGION).unwrap();
-    for slot in [&slots[0], &slots[CAPACITY as usize - 1]] {
+    // Every record but those other tests retired for good.
+    let mut slots = Vec::new();
+    let refused = loop {
+        match publish(slots.len() as u64, BASE, LEN, Access::all()) {
+            Ok(slot) => slots.push(slot),
+            Err(e) => break e,
+        }
+    };
+    match refused {
+        UctError::NoMemory(text) => assert!(text.contains("deregister"), "{text}"),
+        other => panic!("a registration past the capacity: {other:?}"),
+    }
+    assert!(slots.len() > CAPACITY as usize - 16, "{}", slots.len());
+    let table = peer_view(&slots[0]);
+    for (secret, slot) in slots.iter().enumerate().step_by(4096) {
         assert_eq!(
-            access(
-                &table,
-                slot,
-                slot_secret(&slots, slot),
-                BASE,
-                LEN,
-                Access::REMOTE_READ
-            ),
+            access(&table, slot, secret as u64, BASE, LEN, Access::REMOTE_READ),
             Ok(())
         );
     }
     let indices: std::collections::BTreeSet<u32> = slots.iter().map(|s| s.index).collect();
-    assert_eq!(indices.len(), CAPACITY as usize);
+    assert_eq!(indices.len(), slots.len());
     assert!(indices.iter().all(|&i| i < CAPACITY));
-    match publish(0, BASE, LEN, Access::all()) {
-        Err(UctError::NoMemory(text)) => assert!(text.contains("deregister"), "{text}"),
-        other => panic!("a registration past the capacity: {other:?}"),
-    }
     drop(slots);
     assert!(publish(0, BASE, LEN, Access::all()).is_ok());
 }
 
-/// The secret the capacity test gave `slot`: its position in `slots`.
-fn slot_secret(slots: &[Slot], slot: &Slot) -> u64 {
-    slots.iter().position(|s| std::ptr::eq(s, slot)).unwrap() as u64
-}
-
 #[test]
-fn open_table_refuses_what_is_not_a_table() {
-    let (_small, _fd, path) = Mapping::create_anonymous("uct-test-small", 100).unwrap();
-    assert!(matches!(
-        open_table(&path, REGION),
-        Err(UctError::BadRkey(_))
-    ));
-    let (_short, _fd, path) =
-        Mapping::create_anonymous("uct-test-short", table_bytes() - 1).unwrap();
-    assert!(matches!(
-        open_table(&path, REGION),
-        Err(UctError::BadRkey(_))
-    ));
-    assert!(matches!(
-        open_table("/dev/shm/x", REGION),
-        Err(UctError::BadRkey(_))
-    ));
-    let (_exact, _fd, path) = Mapping::create_anonymous("uct-test-exact", table_bytes()).unwrap();
-    assert!(open_table(&path, REGION).is_ok());
-}
-
-/// Writes a live record at `index` of `map`, as an owner (or a hostile
-/// peer writing the table's bytes) would, without asking `record_at`.
-fn write_record(map: &Mapping, index: usize, secret: u64) {
-    // SAFETY: the tests only write records that lie in the mapped pages of
-    // `map` (past its data length at most to the end of its last page);
-    // Record is all atomics.
-    let record = unsafe { &*(map.data_ptr() as *const Record).add(index) };
-    record.secret.store(secret, Ordering::Relaxed);
-    record.base.store(BASE, Ordering::Relaxed);
-    record.len.store(LEN, Ordering::Relaxed);
-    record
-        .access
-        .store(Access::all().bits() as u64, Ordering::Relaxed);
-    record.state.store(LIVE, Ordering::Release);
-}
-
-fn check_at(map: &Mapping, index: u32, secret: u64) -> Result<(), UctError> {
-    check(map, index, REGION, secret, BASE, 8, Access::REMOTE_READ)
-}
-
-#[test]
-fn a_record_past_the_table_is_no_such_region() {
-    let size = std::mem::size_of::<Record>();
-    // Three whole records.
-    let (whole, _fd, _path) = Mapping::create_anonymous("uct-test-whole", 3 * size).unwrap();
-    for index in 0..3 {
-        write_record(&whole, index, 40 + index as u64);
-    }
-    for index in 0..3u32 {
+fn an_index_past_the_table_is_no_such_region() {
+    let _serial = serial();
+    let slot = publish(5, BASE, LEN, Access::all()).unwrap();
+    let table = peer_view(&slot);
+    for index in [CAPACITY, CAPACITY + 1, u32::MAX] {
         assert_eq!(
-            check_at(&whole, index, 40 + index as u64),
-            Ok(()),
+            table.check(index, REGION, 5, BASE, 8, Access::REMOTE_READ),
+            Err(UctError::NoSuchRegion { region_id: REGION }),
             "{index}"
         );
     }
-    let none = Err(UctError::NoSuchRegion { region_id: REGION });
-    assert_eq!(check_at(&whole, 3, 0), none);
-    assert_eq!(check_at(&whole, CAPACITY, 0), none);
-    assert_eq!(check_at(&whole, u32::MAX, 0), none);
-    // Two and a half: the third record is cut off by the end of the table,
-    // however live its bytes say it is.
-    let (cut, _fd, _path) = Mapping::create_anonymous("uct-test-cut", 2 * size + size / 2).unwrap();
-    for index in 0..3 {
-        write_record(&cut, index, 50 + index as u64);
-    }
-    assert_eq!(check_at(&cut, 0, 50), Ok(()));
-    assert_eq!(check_at(&cut, 1, 51), Ok(()));
-    assert_eq!(check_at(&cut, 2, 52), none);
 }
 
 #[test]
 fn a_record_that_is_not_live_is_no_such_region() {
-    let (map, _fd, _path) = Mapping::create_anonymous("uct-test-states", 4096).unwrap();
-    write_record(&map, 0, 7);
-    assert_eq!(check_at(&map, 0, 7), Ok(()));
-    for state in [0, DEAD, 3, u64::MAX] {
-        // SAFETY: record 0 lies inside the 4096-byte table.
-        unsafe { &*(map.data_ptr() as *const Record) }
-            .state
-            .store(state, Ordering::Release);
+    let _serial = serial();
+    let slot = publish(7, BASE, LEN, Access::all()).unwrap();
+    let table = peer_view(&slot);
+    assert_eq!(
+        access(&table, &slot, 7, BASE, 8, Access::REMOTE_READ),
+        Ok(())
+    );
+    for state in [0, DEAD, 3, u64::MAX, LIVE] {
+        slot.record.state.store(state, Ordering::Release);
+        let expected = if state == LIVE {
+            Ok(())
+        } else {
+            Err(UctError::NoSuchRegion { region_id: REGION })
+        };
         assert_eq!(
-            check_at(&map, 0, 7),
-            Err(UctError::NoSuchRegion { region_id: REGION }),
+            access(&table, &slot, 7, BASE, 8, Access::REMOTE_READ),
+            expected,
             "state {state}"
         );
     }
+}
+
+#[test]
+fn deregistration_waits_for_an_access_in_flight() {
+    let _serial = serial();
+    let slot = publish(8, BASE, LEN, Access::all()).unwrap();
+    let table = peer_view(&slot);
+    let in_flight = table
+        .access(slot.index, REGION, 8, BASE, 8, Access::REMOTE_WRITE)
+        .unwrap();
+    let (done_tx, done_rx) = mpsc::channel();
+    let owner = std::thread::spawn(move || {
+        let mut slot = slot;
+        let drained = slot.retire(Duration::from_secs(20));
+        let _ = done_tx.send(drained);
+        slot
+    });
+    // The owner marked the record dead: a new access is refused (and not
+    // counted), but the one in flight still holds the memory.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        done_rx.try_recv().is_err(),
+        "deregistration returned with an access in flight"
+    );
+    let index = table_index_of(&owner);
+    assert_eq!(
+        table.check(index, REGION, 8, BASE, 8, Access::REMOTE_WRITE),
+        Err(UctError::NoSuchRegion { region_id: REGION })
+    );
+    drop(in_flight);
+    assert_eq!(
+        done_rx.recv_timeout(Duration::from_secs(10)),
+        Ok(true),
+        "deregistration did not return once the access ended"
+    );
+    owner.join().unwrap();
+}
+
+/// The index of the slot the owner thread holds (published first by the
+/// serial tests, so found by the state of the records).
+fn table_index_of(_owner: &std::thread::JoinHandle<Slot>) -> u32 {
+    let guard = table().lock().unwrap_or_else(|e| e.into_inner());
+    let own = guard.as_ref().unwrap();
+    (0..own.next)
+        .find(|&i| {
+            let (record, busy) = slot_at(own.mem, i).unwrap();
+            record.state.load(Ordering::SeqCst) == DEAD && busy.load(Ordering::SeqCst) == 1
+        })
+        .expect("the dead record with one access in flight")
+}
+
+#[test]
+fn a_record_held_past_the_timeout_is_retired_for_good() {
+    let _serial = serial();
+    let mut slot = publish(9, BASE, LEN, Access::all()).unwrap();
+    let index = slot.index;
+    let table = peer_view(&slot);
+    let stuck = table
+        .access(index, REGION, 9, BASE, 8, Access::REMOTE_READ)
+        .unwrap();
+    assert!(!slot.retire(Duration::from_millis(50)));
+    drop(slot);
+    drop(stuck);
+    // Never handed out again.
+    let later: Vec<Slot> = (0..4)
+        .map(|_| publish(10, BASE, LEN, Access::all()).unwrap())
+        .collect();
+    assert!(later.iter().all(|s| s.index != index));
+}
+
+/// The permissions of the mapping that holds `addr`, from /proc/self/maps.
+fn perms_at(addr: *const u8) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let addr = addr as u64;
+    maps.lines()
+        .find_map(|line| {
+            let (range, rest) = line.split_once(' ')?;
+            let (lo, hi) = range.split_once('-')?;
+            let (lo, hi) = (
+                u64::from_str_radix(lo, 16).ok()?,
+                u64::from_str_radix(hi, 16).ok()?,
+            );
+            (lo <= addr && addr < hi).then(|| rest[..4].to_string())
+        })
+        .expect("the mapping is listed")
+}
+
+#[test]
+fn a_peer_maps_the_records_read_only_and_the_counters_writable() {
+    let _serial = serial();
+    let slot = publish(12, BASE, LEN, Access::all()).unwrap();
+    let table = peer_view(&slot);
+    assert_eq!(perms_at(table.mem.records_ptr()), "r--s");
+    assert_eq!(perms_at(table.mem.busy_ptr()), "rw-s");
 }

@@ -1,0 +1,255 @@
+//! The memory of a cma record table: one sealed memfd per process, a
+//! header page, the records (which only the owner writes) and the busy
+//! counters (which peers write, see [`records`](super::records)).
+//!
+//! A peer maps a table through `/proc/<pid>/fd/<fd>` of the process it is
+//! connected to, and accepts it only when it is a regular file of exactly
+//! [`SIZE`] bytes sealed against shrinking: the size is ours, never read
+//! from the table, and the seal means the owner cannot cut pages from under
+//! our mapping (which would be SIGBUS on our next record check). The records
+//! are mapped read-only on the peer side, so no bug of a peer can rewrite
+//! them; only the counters are writable.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use uct_core::UctError;
+
+use super::records::{Record, CAPACITY};
+
+/// The header page: only the magic, so that a peer refuses a file that is
+/// not a table. Page-sized, so that the records are page-aligned.
+const HEADER: usize = 4096;
+const MAGIC: u64 = u64::from_le_bytes(*b"UCTCMAT2");
+const PAGE: usize = 4096;
+/// Bytes of the records: [`CAPACITY`] of them, a whole number of pages so
+/// that the counters after them can be mapped writable on their own.
+pub(crate) const RECORDS_BYTES: usize =
+    (CAPACITY as usize * std::mem::size_of::<Record>()).next_multiple_of(PAGE);
+/// Bytes of the busy counters: one u64 per record.
+pub(crate) const BUSY_BYTES: usize = (CAPACITY as usize * 8).next_multiple_of(PAGE);
+/// The size of every table, owner's and peers'.
+pub const SIZE: usize = HEADER + RECORDS_BYTES + BUSY_BYTES;
+
+/// A mapping of a whole table: [`SIZE`] bytes at `ptr`.
+#[derive(Debug)]
+pub(crate) struct TableMemory {
+    ptr: NonNull<u8>,
+}
+
+// SAFETY: a TableMemory owns its mmap region (unmapped once, in Drop) and
+// hands out only raw pointers into it, which callers use through atomics;
+// moving or sharing it between threads creates no unsynchronised reference.
+unsafe impl Send for TableMemory {}
+// SAFETY: as for Send.
+unsafe impl Sync for TableMemory {}
+
+fn os_err(what: &str) -> UctError {
+    UctError::io(what, std::io::Error::last_os_error())
+}
+
+/// Takes ownership of the descriptor that `open` or `memfd_create` returned.
+///
+/// # Safety
+/// `raw` must be that call's return value, with errno untouched since: a
+/// new descriptor nothing else owns, or -1 with errno set.
+unsafe fn owned(raw: libc::c_int) -> std::io::Result<OwnedFd> {
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: by the caller's contract, a new descriptor owned by nobody.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// `fcntl(fd, cmd, arg)` for the seal commands, as an io::Result.
+fn seals(fd: &OwnedFd, cmd: libc::c_int, arg: libc::c_int) -> std::io::Result<libc::c_int> {
+    // SAFETY: F_ADD_SEALS/F_GET_SEALS take an int and touch no memory of
+    // this process; fd is open for the call.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), cmd, arg) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r)
+}
+
+/// Whether `fd` is a regular file of exactly [`SIZE`] bytes.
+fn is_table_sized(fd: &OwnedFd) -> std::io::Result<bool> {
+    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes one struct stat into `stat`, which has room.
+    if unsafe { libc::fstat(fd.as_raw_fd(), stat.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fstat succeeded, so it initialised the struct.
+    let stat = unsafe { stat.assume_init() };
+    Ok(stat.st_mode & libc::S_IFMT == libc::S_IFREG && stat.st_size == SIZE as libc::off_t)
+}
+
+/// The pid a `/proc/<pid>/fd/<fd>` path names, if it is one.
+pub(crate) fn path_pid(path: &str) -> Option<u32> {
+    let (pid, fd) = path.strip_prefix("/proc/")?.split_once("/fd/")?;
+    let digits = |s: &str| !s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(pid) && digits(fd)).then(|| pid.parse().ok())?
+}
+
+/// Refuses a table path that is not `/proc/<pid>/fd/<fd>` of process `pid`.
+pub(crate) fn check_path(path: &str, pid: u32) -> Result<(), UctError> {
+    match path_pid(path) {
+        Some(found) if found == pid => Ok(()),
+        Some(found) => Err(UctError::BadRkey(format!(
+            "the cma rkey of process {pid} names the record table {path} of process {found}; it is forged or corrupt, ask process {pid} for its own rkey"
+        ))),
+        None => Err(UctError::BadRkey(format!(
+            "'{path}' is not a /proc/<pid>/fd/<fd> path of a cma record table"
+        ))),
+    }
+}
+
+impl TableMemory {
+    /// Maps all of `fd` shared with `prot`.
+    fn map(fd: &OwnedFd, prot: libc::c_int, what: &str) -> Result<TableMemory, UctError> {
+        // SAFETY: mapping a descriptor open for the call; the kernel picks a
+        // fresh address, so no existing memory is replaced.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                SIZE,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(os_err(what));
+        }
+        let ptr = NonNull::new(addr as *mut u8).ok_or_else(|| os_err(what))?;
+        Ok(TableMemory { ptr })
+    }
+
+    fn magic(&self) -> &AtomicU64 {
+        // SAFETY: the mapping is SIZE > 8 bytes, page-aligned; an atomic
+        // read of shared memory another process may write is no data race;
+        // the borrow is tied to self, which keeps the mapping.
+        unsafe { &*(self.ptr.as_ptr() as *const AtomicU64) }
+    }
+
+    /// This process's table: a memfd of [`SIZE`] bytes, mapped read-write,
+    /// sealed against resizing before any peer can see it. Returns the
+    /// mapping, the descriptor (which keeps `/proc/<pid>/fd/<fd>` open for
+    /// peers) and that path.
+    pub(crate) fn create() -> Result<(TableMemory, OwnedFd, String), UctError> {
+        let label = CString::new("uct-cma-records").map_err(|_| os_err("memfd label"))?;
+        // SAFETY: a valid nul-terminated label; memfd_create returns a new
+        // descriptor or -1 with errno set.
+        let fd = unsafe {
+            owned(libc::memfd_create(
+                label.as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            ))
+        }
+        .map_err(|e| UctError::io("cma: memfd_create for the record table", e))?;
+        // SAFETY: ftruncate on a descriptor open for the call touches no
+        // memory of this process.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), SIZE as libc::off_t) } != 0 {
+            return Err(UctError::NoMemory(format!(
+                "cma: sizing the {SIZE}-byte record table failed: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        seals(
+            &fd,
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        )
+        .map_err(|e| UctError::io("cma: sealing the record table", e))?;
+        let mem = TableMemory::map(
+            &fd,
+            libc::PROT_READ | libc::PROT_WRITE,
+            "cma: map the record table",
+        )?;
+        mem.magic().store(MAGIC, Ordering::Release);
+        let path = format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd());
+        Ok((mem, fd, path))
+    }
+
+    /// Maps the table of process `pid` at `path`, after checking that the
+    /// path is that process's, and that the file is a table (see the module
+    /// documentation). Nothing but `/proc/<pid>/fd/<fd>` is ever opened.
+    pub(crate) fn open(path: &str, pid: u32, region_id: u64) -> Result<TableMemory, UctError> {
+        check_path(path, pid)?;
+        let cpath =
+            CString::new(path).map_err(|_| UctError::BadRkey("path contains a nul byte".into()))?;
+        // SAFETY: a valid nul-terminated path; open returns a new descriptor
+        // or -1 with errno set. O_NONBLOCK and O_NOCTTY: whatever the peer's
+        // descriptor is, opening it neither blocks nor takes a terminal.
+        let fd = unsafe {
+            owned(libc::open(
+                cpath.as_ptr(),
+                libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK,
+            ))
+        }
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOENT) => UctError::NoSuchRegion { region_id },
+            Some(libc::EACCES) | Some(libc::EPERM) => UctError::EndpointFailed(format!(
+                "cma: not permitted to open {path} (ptrace rules: different user, or /proc/sys/kernel/yama/ptrace_scope > 0)"
+            )),
+            _ => UctError::io(format!("cma: open the record table {path}"), e),
+        })?;
+        let not_table = |why: &str| {
+            UctError::BadRkey(format!(
+                "{path} of process {pid} is not a cma record table ({why}); the peer is broken or hostile"
+            ))
+        };
+        if !is_table_sized(&fd).map_err(|e| UctError::io(format!("cma: stat {path}"), e))? {
+            return Err(not_table(&format!("not a regular file of {SIZE} bytes")));
+        }
+        let sealed = seals(&fd, libc::F_GET_SEALS, 0).unwrap_or(0);
+        if sealed & libc::F_SEAL_SHRINK == 0 {
+            return Err(not_table("not sealed against shrinking"));
+        }
+        let mem = TableMemory::map(&fd, libc::PROT_READ, "cma: map a peer's record table")?;
+        // SAFETY: the counters are the last BUSY_BYTES of the SIZE-byte
+        // mapping, page-aligned; making them writable changes no Rust
+        // reference (they are used through atomics only).
+        let rw = unsafe {
+            libc::mprotect(
+                mem.busy_ptr() as *mut libc::c_void,
+                BUSY_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        };
+        if rw != 0 {
+            return Err(os_err("cma: make a peer's busy counters writable"));
+        }
+        if mem.magic().load(Ordering::Acquire) != MAGIC {
+            return Err(not_table("no table magic"));
+        }
+        Ok(mem)
+    }
+
+    /// The first record; [`RECORDS_BYTES`] of them follow.
+    pub(crate) fn records_ptr(&self) -> *const u8 {
+        // SAFETY: HEADER < SIZE, so the result is inside the mapping.
+        unsafe { self.ptr.as_ptr().add(HEADER) }
+    }
+
+    /// The first busy counter; [`BUSY_BYTES`] of them follow.
+    pub(crate) fn busy_ptr(&self) -> *const u8 {
+        // SAFETY: HEADER + RECORDS_BYTES < SIZE, so the result is inside the
+        // mapping.
+        unsafe { self.ptr.as_ptr().add(HEADER + RECORDS_BYTES) }
+    }
+}
+
+impl Drop for TableMemory {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the SIZE bytes `map` mapped, once; no
+        // borrow of the mapping outlives self.
+        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, SIZE) };
+    }
+}
+
+#[cfg(test)]
+mod tests;
