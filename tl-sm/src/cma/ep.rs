@@ -13,25 +13,30 @@ use super::iface::{MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
 use super::records::{InFlight, PeerTable};
 use super::vm::{transfer, Direction};
 use super::CmaRkey;
-use crate::host;
+use crate::host::PeerWatch;
 
 /// Local memory of a transfer: (pointer, length) pieces.
 type Pieces = [(*mut u8, usize)];
 
-/// A cma endpoint: the peer's process id; every access reads the peer's
-/// record table, mapped once per rkey.
+/// A cma endpoint: the peer's process, watched; every access reads the
+/// peer's record table, mapped once per rkey.
 pub(crate) struct CmaEp {
     pid: u32,
+    watch: PeerWatch,
 }
 
 impl CmaEp {
     pub(crate) fn new(pid: u32) -> Self {
-        CmaEp { pid }
+        CmaEp {
+            pid,
+            watch: PeerWatch::new(pid),
+        }
     }
 
     /// Checks the owner's record for an access, in its mapped table, and
     /// holds it in flight (so that the owner does not hand the memory back)
-    /// until the returned guard is dropped after the transfer.
+    /// until the returned guard is dropped after the transfer. A dead peer
+    /// is refused first: its pid may be another process's by now.
     fn check<'k>(
         &mut self,
         rkey: &'k RemoteKey,
@@ -39,6 +44,7 @@ impl CmaEp {
         len: usize,
         needed: Access,
     ) -> Result<InFlight<'k>> {
+        self.watch.check("cma")?;
         let key = rkey.downcast::<CmaRkey>("cma")?;
         if key.pid != self.pid {
             return Err(UctError::RkeyMismatch {
@@ -235,14 +241,19 @@ impl Endpoint for CmaEp {
 
     fn flush(&mut self, _comp: Option<&Completion>) -> Result<Status> {
         // Every transfer finished in its call; the peer must still exist.
-        if !host::pid_alive(self.pid) {
-            return Err(host::peer_gone("cma", self.pid));
-        }
+        self.watch.check("cma")?;
         Ok(Status::Done)
     }
 
     fn fence(&mut self) -> Result<Status> {
         Ok(Status::Done)
+    }
+
+    /// The peer process's exit, seen through its pidfd (probed every few
+    /// milliseconds at most). cma has nothing outstanding to fail: every
+    /// operation finishes in its call, and fails there once the peer is gone.
+    fn check(&mut self) -> Result<()> {
+        self.watch.check("cma")
     }
 }
 
