@@ -349,6 +349,17 @@ impl Victim {
         )
     }
 
+    pub fn legit_peer(&self) -> Result<LegitPeer, String> {
+        LegitPeer::connect(&self.device_addr, &self.iface_addr, &self.rkey, self.addr)
+    }
+
+    /// Open file descriptors of the victim.
+    pub fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
     /// Whether the victim process is still running.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -362,8 +373,87 @@ impl Drop for Victim {
     }
 }
 
-/// A well-behaved peer (a tcp iface of this process) puts 4 KiB into the
-/// region at `base` and gets them back, verified; every wait has a deadline.
+/// A well-behaved peer: a tcp iface of this process and an endpoint to
+/// the victim's region.
+pub struct LegitPeer {
+    pub iface: Box<dyn Iface>,
+    ep: Box<dyn uct_core::Endpoint>,
+    rkey: uct_core::RemoteKey,
+    base: u64,
+}
+
+impl LegitPeer {
+    pub fn connect(
+        device_addr: &[u8],
+        iface_addr: &[u8],
+        rkey: &[u8],
+        base: u64,
+    ) -> Result<LegitPeer, String> {
+        let reg = Registry::global();
+        let mut iface = reg
+            .open_iface("tcp", Some("lo"), &Default::default())
+            .map_err(|e| e.to_string())?;
+        let rkey = reg.unpack_rkey(rkey, "tcp").map_err(|e| e.to_string())?;
+        let ep = iface
+            .create_ep(uct_core::EpParams::ToIface {
+                device_addr: device_addr.to_vec(),
+                iface_addr: iface_addr.to_vec(),
+            })
+            .map_err(|e| format!("connect: {e}"))?;
+        Ok(LegitPeer {
+            iface,
+            ep,
+            rkey,
+            base,
+        })
+    }
+
+    /// Puts 4 KiB into the region and gets them back, verified; every wait
+    /// has a deadline of `limit`.
+    pub fn transfer(&mut self, seed: u8, limit: Duration) -> Result<(), String> {
+        use uct_core::{Completion, CompletionData, Status};
+        let data: Vec<u8> = (0..4096)
+            .map(|i| (i as u8).wrapping_mul(seed | 1) ^ seed)
+            .collect();
+        let t0 = Instant::now();
+        while self
+            .ep
+            .put_bcopy(&data, self.base, &self.rkey)
+            .map_err(|e| format!("put: {e}"))?
+            == Status::NoResource
+        {
+            self.iface.progress();
+            if t0.elapsed() > limit {
+                return Err(format!("put: no room for {limit:?}"));
+            }
+        }
+        let comp = Completion::new();
+        while self
+            .ep
+            .get_bcopy(data.len(), self.base, &self.rkey, &comp)
+            .map_err(|e| format!("get: {e}"))?
+            == Status::NoResource
+        {
+            self.iface.progress();
+            if t0.elapsed() > limit {
+                return Err(format!("get: no room for {limit:?}"));
+            }
+        }
+        while !comp.is_complete() {
+            self.iface.progress();
+            if t0.elapsed() > limit {
+                return Err(format!("get: no answer in {limit:?}"));
+            }
+        }
+        comp.result().map_err(|e| format!("get: {e}"))?;
+        match comp.take_data() {
+            Some(CompletionData::Bytes(b)) if b == data => Ok(()),
+            _ => Err("the get returned other bytes than the put wrote".into()),
+        }
+    }
+}
+
+/// A well-behaved peer's transfer to a region: see [`LegitPeer::transfer`].
 pub fn legit_transfer(
     device_addr: &[u8],
     iface_addr: &[u8],
@@ -371,64 +461,5 @@ pub fn legit_transfer(
     base: u64,
     seed: u8,
 ) -> Result<(), String> {
-    use uct_core::{Completion, CompletionData, EpParams, Status};
-    let reg = Registry::global();
-    let mut me = reg
-        .open_iface("tcp", Some("lo"), &Default::default())
-        .map_err(|e| e.to_string())?;
-    let rkey = reg.unpack_rkey(rkey, "tcp").map_err(|e| e.to_string())?;
-    let mut ep = me
-        .create_ep(EpParams::ToIface {
-            device_addr: device_addr.to_vec(),
-            iface_addr: iface_addr.to_vec(),
-        })
-        .map_err(|e| format!("connect: {e}"))?;
-    let data: Vec<u8> = (0..4096)
-        .map(|i| (i as u8).wrapping_mul(seed) ^ seed)
-        .collect();
-    let t0 = Instant::now();
-    let limit = Duration::from_secs(10);
-    loop {
-        match ep
-            .put_bcopy(&data, base, &rkey)
-            .map_err(|e| format!("put: {e}"))?
-        {
-            Status::NoResource => {
-                me.progress();
-            }
-            _ => break,
-        }
-        if t0.elapsed() > limit {
-            return Err("put: no room for 10 s".into());
-        }
-    }
-    let comp = Completion::new();
-    loop {
-        match ep
-            .get_bcopy(data.len(), base, &rkey, &comp)
-            .map_err(|e| format!("get: {e}"))?
-        {
-            Status::NoResource => {
-                me.progress();
-            }
-            _ => break,
-        }
-        if t0.elapsed() > limit {
-            return Err("get: no room for 10 s".into());
-        }
-    }
-    while !comp.is_complete() {
-        me.progress();
-        if t0.elapsed() > limit {
-            return Err(format!("get: no answer in {limit:?}"));
-        }
-    }
-    comp.result().map_err(|e| format!("get: {e}"))?;
-    match comp.take_data() {
-        Some(CompletionData::Bytes(b)) if b == data => Ok(()),
-        other => Err(format!(
-            "get returned other bytes: {:?}",
-            other.map(|_| "data")
-        )),
-    }
+    LegitPeer::connect(device_addr, iface_addr, rkey, base)?.transfer(seed, Duration::from_secs(10))
 }

@@ -1,0 +1,411 @@
+//! Finding 12.2: what one peer can make a tcp iface spend is bounded. Gets
+//! are not executed while their replies pile up unread; Nacks are accepted
+//! only for requests outstanding; gets in flight are capped; one progress
+//! call has a budget; accepted links are capped and closed when they do not
+//! say Hello within UCT_BOOTSTRAP_TIMEOUT; junk connections cost a
+//! well-behaved peer nothing.
+//!
+//! The victims that are measured or flooded are this binary started again
+//! (`UCT_TCP_TEST_ROLE=victim`), so that their memory is their own.
+
+mod common;
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{
+    closed_within, connect, frame, honest_hello, read_for, write_all, Peer, Rng, Victim,
+    VICTIM_REGION,
+};
+use libtest_mimic::{Arguments, Failed, Trial};
+use tl_tcp::wire::{parse, Header, Parsed, WireError};
+use uct_core::{Access, Completion, EpParams, Iface, Iov, MemoryType, Registry, Status};
+
+fn open() -> Box<dyn Iface> {
+    Registry::global()
+        .open_iface("tcp", Some("lo"), &Default::default())
+        .expect("tcp on lo")
+}
+
+fn ensure(ok: bool, msg: impl FnOnce() -> String) -> Result<(), Failed> {
+    if ok {
+        Ok(())
+    } else {
+        Err(msg().into())
+    }
+}
+
+/// A peer floods `Get{512 KiB}` (1 GiB in all) and never reads: the victim
+/// must stop executing them once their replies pile up, its memory must
+/// stay bounded, and a well-behaved peer must still be served.
+fn get_flood_is_bounded() -> Result<(), Failed> {
+    let victim = Victim::spawn(&[]);
+    let key = common::wire_key(&victim.rkey);
+    let (rss0, _) = common::rss_kib(victim.pid());
+    let mut s = connect(victim.peer().socket_addr());
+    ensure(
+        write_all(
+            &mut s,
+            &honest_hello(victim.peer()),
+            Duration::from_secs(5),
+            || {},
+        ),
+        || "the victim did not take a Hello".into(),
+    )?;
+    let half = (VICTIM_REGION / 2) as u64;
+    let mut sent = 0;
+    for req in 0..2048u64 {
+        let get = frame(
+            &Header::Get {
+                req,
+                key,
+                addr: victim.addr + half,
+                len: half,
+            },
+            &[],
+        );
+        // A victim that stops reading stops the flood: that is the bound.
+        if !write_all(&mut s, &get, Duration::from_secs(2), || {
+            std::thread::sleep(Duration::from_millis(1))
+        }) {
+            break;
+        }
+        sent += 1;
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let (_, peak) = common::rss_kib(victim.pid());
+    let grew_mib = peak.saturating_sub(rss0) / 1024;
+    println!("get flood: {sent} gets of 512 KiB sent, victim grew {grew_mib} MiB");
+    ensure(grew_mib < 160, || {
+        format!("the victim grew {grew_mib} MiB answering {sent} gets nobody reads")
+    })?;
+    victim
+        .legit_transfer(3)
+        .map_err(|e| format!("a well-behaved peer during the flood: {e}"))?;
+    drop(s);
+    Ok(())
+}
+
+/// A fake peer: a listener with an iface address, and the link the iface
+/// under test opens to it.
+struct FakePeer {
+    listener: TcpListener,
+    peer: Peer,
+}
+
+impl FakePeer {
+    fn new() -> FakePeer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = Peer {
+            ip: common::loopback_ip(),
+            port: listener.local_addr().unwrap().port(),
+            cookie: 0x0c00_c1e5,
+        };
+        FakePeer { listener, peer }
+    }
+
+    fn accept(&self) -> TcpStream {
+        let (s, _) = self.listener.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        s
+    }
+}
+
+/// Reads frames from `s` until one satisfies `want` (progressing `iface`).
+fn wait_frame(
+    s: &mut TcpStream,
+    iface: &mut dyn Iface,
+    mut want: impl FnMut(&Header) -> bool,
+) -> Result<Header, Failed> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let t0 = Instant::now();
+    loop {
+        while let Ok(Parsed::Frame { header, total, .. }) = parse(&buf, usize::MAX) {
+            buf.drain(..total);
+            if want(&header) {
+                return Ok(header);
+            }
+        }
+        iface.progress();
+        match s.read(&mut chunk) {
+            Ok(0) => return Err("the iface closed the fake peer's link".into()),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+        ensure(t0.elapsed() < Duration::from_secs(5), || {
+            "no such frame in 5 s".into()
+        })?;
+    }
+}
+
+/// A Nack for a request the iface never sent must not be taken as the
+/// refusal of one of its requests: the link is closed instead.
+fn a_nack_for_no_request_is_refused() -> Result<(), Failed> {
+    let fake = FakePeer::new();
+    let mut me = open();
+    let mut ep = me.create_ep(EpParams::ToIface {
+        device_addr: fake.peer.ip.to_vec(),
+        iface_addr: fake.peer.iface_address(),
+    })?;
+    let flush = Completion::new();
+    let _ = ep.flush(Some(&flush))?;
+    let mut s = fake.accept();
+    let Header::Flush { req } =
+        wait_frame(&mut s, me.as_mut(), |h| matches!(h, Header::Flush { .. }))?
+    else {
+        unreachable!()
+    };
+    // Request 999999 of the endpoint's id was never sent.
+    let forged = (req & !((1 << 40) - 1)) | 999_999;
+    let mut bytes = frame(
+        &Header::Nack {
+            req: forged,
+            error: WireError::BadSecret,
+        },
+        &[],
+    );
+    bytes.extend(frame(&Header::FlushReply { req }, &[]));
+    ensure(
+        write_all(&mut s, &bytes, Duration::from_secs(5), || {}),
+        || "could not send the nack".into(),
+    )?;
+    let t0 = Instant::now();
+    while !flush.is_complete() && t0.elapsed() < Duration::from_secs(5) {
+        me.progress();
+    }
+    let result = flush.is_complete().then(|| flush.result());
+    println!("flush after a forged nack: {result:?}");
+    ensure(
+        !matches!(result, Some(Err(uct_core::UctError::BadSecret))),
+        || {
+            "a Nack for a request never sent failed the endpoint's flush with the peer's error"
+                .into()
+        },
+    )?;
+    let closed = closed_within(&mut s, Duration::from_secs(2), || {
+        me.progress();
+    });
+    ensure(closed, || {
+        "the link that sent a forged Nack stayed open".into()
+    })
+}
+
+/// Gets to a peer that does not answer are capped: the iface says
+/// NoResource before 64 MiB of gets are in flight.
+fn gets_in_flight_are_capped() -> Result<(), Failed> {
+    let fake = FakePeer::new();
+    let mut me = open();
+    let mut ep = me.create_ep(EpParams::ToIface {
+        device_addr: fake.peer.ip.to_vec(),
+        iface_addr: fake.peer.iface_address(),
+    })?;
+    let _held = fake.accept();
+    let local = me.md().alloc(1 << 20, MemoryType::Host, Access::all())?;
+    let rkey = Registry::global().unpack_rkey(
+        &uct_core::RkeyBundle::single(me.md().pack_rkey(&local)?).pack()?,
+        "tcp",
+    )?;
+    let mut in_flight = 0;
+    for _ in 0..64 {
+        let comp = Completion::new();
+        match ep.get_zcopy(&[Iov::whole(&local)], 0x1000, &rkey, Some(&comp))? {
+            Status::NoResource => break,
+            _ => in_flight += 1,
+        }
+    }
+    println!("gets of 1 MiB in flight before NoResource: {in_flight}");
+    ensure(in_flight < 64, || {
+        format!("{in_flight} MiB of gets in flight to a peer that answers nothing")
+    })
+}
+
+/// One progress call handles a bounded number of frames of one link.
+fn one_progress_call_has_a_budget() -> Result<(), Failed> {
+    let mut victim = open();
+    let got = Arc::new(AtomicUsize::new(0));
+    let g = got.clone();
+    victim.set_am_handler(
+        3,
+        Box::new(move |_| {
+            g.fetch_add(1, Ordering::Relaxed);
+        }),
+    )?;
+    let v = Peer::of_iface(victim.as_ref());
+    let mut s = connect(v.socket_addr());
+    let mut bytes = honest_hello(v);
+    let n = 20_000;
+    for _ in 0..n {
+        bytes.extend(frame(&Header::Am { id: 3 }, &[]));
+    }
+    // Written before the victim reads any: its socket holds them all.
+    ensure(
+        write_all(&mut s, &bytes, Duration::from_secs(5), || {}),
+        || "the victim's socket did not take 20,000 empty messages".into(),
+    )?;
+    let mut most = 0;
+    let t0 = Instant::now();
+    while got.load(Ordering::Relaxed) < n && t0.elapsed() < Duration::from_secs(10) {
+        let before = got.load(Ordering::Relaxed);
+        victim.progress();
+        most = most.max(got.load(Ordering::Relaxed) - before);
+    }
+    println!("most messages delivered by one progress call: {most}");
+    ensure(got.load(Ordering::Relaxed) == n, || {
+        format!(
+            "only {} of {n} messages delivered",
+            got.load(Ordering::Relaxed)
+        )
+    })?;
+    ensure(most <= 4096, || {
+        format!("one progress call delivered {most} messages of one link")
+    })
+}
+
+/// A connection that says nothing, or half a Hello, is closed after
+/// UCT_BOOTSTRAP_TIMEOUT.
+fn a_silent_link_is_closed_after_the_bootstrap_timeout() -> Result<(), Failed> {
+    let victim = Victim::spawn(&[("UCT_BOOTSTRAP_TIMEOUT", "1s")]);
+    let addr = victim.peer().socket_addr();
+    let mut silent = connect(addr);
+    let mut half = connect(addr);
+    let hello = honest_hello(victim.peer());
+    ensure(
+        write_all(
+            &mut half,
+            &hello[..hello.len() / 2],
+            Duration::from_secs(5),
+            || {},
+        ),
+        || "could not send half a Hello".into(),
+    )?;
+    let t0 = Instant::now();
+    let a = closed_within(&mut silent, Duration::from_secs(5), || {});
+    let b = closed_within(&mut half, Duration::from_secs(1), || {});
+    println!("silent links closed: {a} {b} after {:?}", t0.elapsed());
+    ensure(a && b, || {
+        "a link without a Hello outlived UCT_BOOTSTRAP_TIMEOUT=1s by 4 s".into()
+    })
+}
+
+/// Accepted links are capped (UCT_TCP_MAX_ACCEPTED), and links that have
+/// not said Hello give way, so a well-behaved peer still gets in.
+fn accepted_links_are_capped() -> Result<(), Failed> {
+    let victim = Victim::spawn(&[("UCT_TCP_MAX_ACCEPTED", "8")]);
+    let addr = victim.peer().socket_addr();
+    let mut conns: Vec<TcpStream> = (0..40).map(|_| connect(addr)).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut open = 0;
+    for s in conns.iter_mut() {
+        if !closed_within(s, Duration::from_millis(10), || {}) {
+            open += 1;
+        }
+    }
+    println!("links of 40 still open with a cap of 8: {open}");
+    ensure(open <= 8, || {
+        format!("{open} silent links open with UCT_TCP_MAX_ACCEPTED=8")
+    })?;
+    victim
+        .legit_transfer(5)
+        .map_err(|e| format!("a well-behaved peer at the cap: {e}"))?;
+    Ok(())
+}
+
+/// Thousands of junk connections (a few KiB of random bytes each) cost a
+/// well-behaved peer nothing, and the links they made are all gone after.
+fn junk_connections_cost_a_peer_nothing() -> Result<(), Failed> {
+    let victim = Victim::spawn(&[("UCT_TCP_PEER_TIMEOUT", "3s")]);
+    let fds0 = victim.fds();
+    let addr = victim.peer().socket_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let made = Arc::new(AtomicUsize::new(0));
+    let mut junkers = Vec::new();
+    for t in 0..3u64 {
+        let stop = stop.clone();
+        let made = made.clone();
+        junkers.push(std::thread::spawn(move || {
+            let mut rng = Rng(0x9e37_79b9 ^ (t + 1));
+            let mut open = std::collections::VecDeque::new();
+            while !stop.load(Ordering::SeqCst) {
+                let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+                    continue;
+                };
+                s.set_nonblocking(true).unwrap();
+                let n = 1024 + (rng.next() % 4096) as usize;
+                let junk = rng.bytes(n);
+                let _ = write_all(&mut s, &junk, Duration::from_millis(100), || {});
+                open.push_back(s);
+                if open.len() > 100 {
+                    open.pop_front();
+                }
+                made.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    let mut peer = victim.legit_peer()?;
+    let t0 = Instant::now();
+    let mut transfers = 0u32;
+    let mut result = Ok(());
+    while t0.elapsed() < Duration::from_secs(8) {
+        let t = Instant::now();
+        if let Err(e) = peer.transfer(transfers as u8, Duration::from_secs(5)) {
+            result = Err(format!(
+                "transfer {transfers} failed after {:?}: {e}",
+                t.elapsed()
+            ));
+            break;
+        }
+        transfers += 1;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for j in junkers {
+        let _ = j.join();
+    }
+    let junk = made.load(Ordering::SeqCst);
+    println!("junk connections: {junk}, transfers meanwhile: {transfers}");
+    result?;
+    ensure(junk > 1000, || {
+        format!("only {junk} junk connections were made")
+    })?;
+    // Every junk link is gone once its connection closed.
+    let t1 = Instant::now();
+    while victim.fds() > fds0 + 4 && t1.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let fds = victim.fds();
+    ensure(fds <= fds0 + 4, || {
+        format!("the victim holds {fds} fds after the junk, {fds0} before")
+    })
+}
+
+fn main() {
+    if std::env::var(common::ROLE).as_deref() == Ok("victim") {
+        common::victim_main();
+    }
+    let args = Arguments::from_args();
+    let trials = vec![
+        Trial::test("get_flood_is_bounded", get_flood_is_bounded),
+        Trial::test(
+            "a_nack_for_no_request_is_refused",
+            a_nack_for_no_request_is_refused,
+        ),
+        Trial::test("gets_in_flight_are_capped", gets_in_flight_are_capped),
+        Trial::test(
+            "one_progress_call_has_a_budget",
+            one_progress_call_has_a_budget,
+        ),
+        Trial::test(
+            "a_silent_link_is_closed_after_the_bootstrap_timeout",
+            a_silent_link_is_closed_after_the_bootstrap_timeout,
+        ),
+        Trial::test("accepted_links_are_capped", accepted_links_are_capped),
+        Trial::test(
+            "junk_connections_cost_a_peer_nothing",
+            junk_connections_cost_a_peer_nothing,
+        ),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
