@@ -303,6 +303,10 @@ impl MemoryDomain for IbMd {
         access: Access,
     ) -> Result<MemHandle> {
         let mr = self.reg_dmabuf(fd, offset, len, iova, access)?;
+        // No owner's handle here: the MR's own reference on the DMA-buf
+        // keeps the exporter's memory, which an exporter does not free
+        // under an open DMA-buf (habanalabs refuses the unmap; md-gaudi
+        // defers its free until the release).
         let backing = IbBacking {
             mr,
             _alloc: None,
