@@ -360,6 +360,12 @@ impl Victim {
             .unwrap_or(0)
     }
 
+    /// Kills the victim (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Whether the victim process is still running.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -406,6 +412,11 @@ impl LegitPeer {
             rkey,
             base,
         })
+    }
+
+    /// The endpoint's liveness check.
+    pub fn check(&mut self) -> Result<(), uct_core::UctError> {
+        self.ep.check()
     }
 
     /// Puts 4 KiB into the region and gets them back, verified; every wait
