@@ -135,7 +135,7 @@ fn server_killed_mid_run(transport: &str, test: &str) {
             "-s",
             size,
             "-n",
-            "1000000000",
+            "100000000",
         ],
     )
     .stdout(Stdio::piped())
@@ -148,10 +148,11 @@ fn server_killed_mid_run(transport: &str, test: &str) {
     // The header is printed once both sides are connected, before the
     // first phase.
     let (started, seen) = wait_for_line(&client_out, "# perftest:", Duration::from_secs(10));
-    assert!(
-        started,
-        "{transport} {test}: the client did not start the run:\n{seen}"
-    );
+    if !started {
+        drop(client);
+        let err = drain(&client_err, Duration::from_secs(2));
+        panic!("{transport} {test}: the client did not start the run:\n{seen}{err}");
+    }
     std::thread::sleep(RUNNING_FOR);
     assert!(
         client.0.try_wait().expect("poll the client").is_none(),

@@ -12,9 +12,9 @@ use clap::Parser;
 use tools::perf::error::{PerfError, Result};
 use tools::perf::params::{parse_sizes, Format, Layout, Params, TestKind};
 use tools::perf::report::{self, Row};
-use tools::perf::session::{open_iface, Role, Session};
+use tools::perf::session::{open_iface, Role, ServerLimits, Session};
 use tools::perf::{layout, run};
-use uct_core::bootstrap::{BootstrapChannel, BootstrapListener};
+use uct_core::bootstrap::{BootstrapChannel, BootstrapError, BootstrapListener};
 use uct_core::Registry;
 
 #[derive(Parser, Debug)]
@@ -104,6 +104,13 @@ struct Args {
     #[arg(short = 'f')]
     final_only: bool,
 
+    /// Server: the largest message size a client may ask for (units k, M,
+    /// G); the server allocates a send and a receive buffer of the largest
+    /// size asked, in whole pages. Sizes a transport cannot carry in one
+    /// operation are refused too.
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_max_size)]
+    max_size: usize,
+
     /// TCP port of the bootstrap channel between client and server.
     #[arg(short = 'p', long = "port", default_value_t = 13338)]
     port: u16,
@@ -117,6 +124,13 @@ struct Args {
     /// loopback endpoint of the transport, the way device memory is.
     #[arg(long, hide = true)]
     stage_validation: bool,
+}
+
+fn parse_max_size(s: &str) -> std::result::Result<usize, String> {
+    uct_core::config::parse_size(s)
+        .and_then(|v| usize::try_from(v).ok())
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("'{s}' is not a size such as 64M or 1G"))
 }
 
 fn params_from(args: &Args) -> Result<Params> {
@@ -146,7 +160,7 @@ fn params_from(args: &Args) -> Result<Params> {
             args.percentile
         )));
     }
-    Ok(Params {
+    let params = Params {
         transport,
         device: args.device.clone(),
         mem_send,
@@ -166,7 +180,11 @@ fn params_from(args: &Args) -> Result<Params> {
         stage_validation: args.stage_validation,
         percentile: args.percentile,
         inject_corruption: args.inject_corruption,
-    })
+    };
+    // What a server would refuse, refused here first (no server limit on
+    // sizes: the transport's own is checked once it is open).
+    params.within_limits(usize::MAX).map_err(usage)?;
+    Ok(params)
 }
 
 fn format_of(args: &Args) -> Result<Format> {
@@ -181,6 +199,28 @@ fn format_of(args: &Args) -> Result<Format> {
 }
 
 const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a server waits for its client.
+const SERVER_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+/// Waits up to [`SERVER_WAIT`] for a client that completes the bootstrap
+/// handshake. The channel keeps the listener's timeout, so every later wait
+/// on it is bounded by [`BOOTSTRAP_TIMEOUT`]; a connection that fails its
+/// handshake (a port scanner, a client of another version) is reported and
+/// the server keeps waiting.
+fn accept_client(listener: &BootstrapListener) -> Result<BootstrapChannel> {
+    let start = std::time::Instant::now();
+    loop {
+        match listener.accept() {
+            Ok(ch) => return Ok(ch),
+            Err(e @ BootstrapError::Io { .. }) => return Err(e.into()),
+            Err(BootstrapError::Timeout { .. }) if start.elapsed() < SERVER_WAIT => {}
+            Err(e) if start.elapsed() < SERVER_WAIT => {
+                eprintln!("perftest: a connection failed its handshake ({e}); still waiting");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
 
 /// Runs every size on one side; the client prints as it goes.
 fn run_sizes(mut session: Session, out: Option<&Output>) -> Result<Vec<Row>> {
@@ -303,16 +343,18 @@ fn main_result(args: Args) -> Result<()> {
         }
         // Refuse at once what this side cannot run.
         drop(open_iface(reg, &params)?);
-        let listener =
-            BootstrapListener::bind(("0.0.0.0", args.port), Duration::from_secs(24 * 3600))?;
+        let listener = BootstrapListener::bind(("0.0.0.0", args.port), BOOTSTRAP_TIMEOUT)?;
         eprintln!(
             "perftest: waiting for a client on port {} ({} over {})",
             args.port,
             params.test.name(),
             params.transport
         );
-        let ch = listener.accept()?;
-        let session = Session::open(reg, &params, ch, Role::Server)?;
+        let ch = accept_client(&listener)?;
+        let limits = ServerLimits {
+            max_size: args.max_size,
+        };
+        let session = Session::serve(reg, &params, ch, &limits)?;
         run_sizes(session, None)?;
         return Ok(());
     }
@@ -331,7 +373,12 @@ fn main_result(args: Args) -> Result<()> {
                         .accept()
                         .map_err(PerfError::from)
                         .and_then(|ch| {
-                            Session::open(Registry::global(), &server_params, ch, Role::Server)
+                            Session::serve(
+                                Registry::global(),
+                                &server_params,
+                                ch,
+                                &ServerLimits::default(),
+                            )
                         })
                         .and_then(|session| run_sizes(session, None));
                     if let Err(e) = served {

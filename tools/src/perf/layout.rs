@@ -2,18 +2,23 @@
 //! each size runs with, and whether every size can run at all; each
 //! refusal says what would work.
 
-use uct_core::Caps;
+use uct_core::{Caps, IfaceAttrs};
 
 use super::error::{PerfError, Result};
-use super::params::{Layout, Op, TestKind};
+use super::params::{Layout, Op, Params, TestKind};
 use super::session::Session;
 
 /// The layout used for `size`: the one asked for, or the cheapest the
 /// transport offers; an error says what would work.
 pub fn layout_for(session: &Session, size: usize) -> Result<Layout> {
-    let attrs = session.iface.attrs();
-    let test = session.params.test;
-    let tl = &session.params.transport;
+    layout_in(session.iface.attrs(), &session.params, size)
+}
+
+/// [`layout_for`] from the iface's attributes alone, so that a server can
+/// check a client's proposal before it allocates anything.
+pub fn layout_in(attrs: &IfaceAttrs, params: &Params, size: usize) -> Result<Layout> {
+    let test = params.test;
+    let tl = &params.transport;
     if test.op() == Op::Atomic {
         return Ok(Layout::Short);
     }
@@ -55,7 +60,7 @@ pub fn layout_for(session: &Session, size: usize) -> Result<Layout> {
             test.name()
         )));
     }
-    match session.params.layout {
+    match params.layout {
         Some(asked) => match offered.iter().find(|(layout, _, _)| *layout == asked) {
             Some((_, _, max)) if size <= *max => Ok(asked),
             Some((_, _, max)) => Err(PerfError::Usage(format!(
@@ -90,8 +95,13 @@ pub fn layout_for(session: &Session, size: usize) -> Result<Layout> {
 
 /// Checks that every size can run, before anything is measured.
 pub fn check_sizes(session: &Session) -> Result<()> {
-    let test = session.params.test;
-    for &size in &session.params.sizes {
+    check_sizes_in(session.iface.attrs(), &session.params)
+}
+
+/// [`check_sizes`] from the iface's attributes alone.
+pub fn check_sizes_in(attrs: &IfaceAttrs, params: &Params) -> Result<()> {
+    let test = params.test;
+    for &size in &params.sizes {
         if test.is_atomic() && size != 8 {
             return Err(PerfError::Usage(format!(
                 "{} works on 8-byte words; use -s 8",
@@ -104,13 +114,13 @@ pub fn check_sizes(session: &Session) -> Result<()> {
                 test.name()
             )));
         }
-        if test.is_atomic() && !session.iface.attrs().caps.contains(Caps::ATOMIC64) {
+        if test.is_atomic() && !attrs.caps.contains(Caps::ATOMIC64) {
             return Err(PerfError::Usage(format!(
                 "{} has no 64-bit atomics; use posix, tcp or rc",
-                session.params.transport
+                params.transport
             )));
         }
-        layout_for(session, size)?;
+        layout_in(attrs, params, size)?;
     }
     Ok(())
 }

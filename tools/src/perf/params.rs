@@ -163,7 +163,61 @@ pub struct Params {
     pub inject_corruption: Option<u64>,
 }
 
+/// Most iterations, or warm-up iterations, per size. A client keeps one
+/// sample per iteration (8 bytes); at this bound a run is hours long.
+pub const MAX_ITERS: u64 = 100_000_000;
+
+/// Most sizes in one run (8 B to 1 GiB doubling is 28).
+pub const MAX_SIZES: usize = 64;
+
+/// The default of a server's `--max-size`: the largest message a client may
+/// ask for, and so about half of the memory the server allocates for it
+/// (a send and a receive buffer of this size).
+pub const DEFAULT_MAX_SIZE: usize = 1 << 30;
+
+/// Buffers are whole pages.
+const PAGE: usize = 4096;
+
 impl Params {
+    /// The length of each of the two buffers: the largest size (at least 64
+    /// bytes) in whole pages; None when that does not fit in a `usize`.
+    pub fn buffer_len(&self) -> Option<usize> {
+        let max = self.sizes.iter().copied().max().unwrap_or(8).max(64);
+        max.checked_next_multiple_of(PAGE)
+    }
+
+    /// Checks a proposal against the bounds every side keeps and a server's
+    /// `--max-size`, before anything is allocated; the error says what was
+    /// asked and what would be accepted.
+    pub fn within_limits(&self, max_size: usize) -> Result<(), String> {
+        if self.sizes.is_empty() || self.sizes.len() > MAX_SIZES {
+            return Err(format!(
+                "{} sizes asked; a run has 1 to {MAX_SIZES} sizes",
+                self.sizes.len()
+            ));
+        }
+        if let Some(&size) = self.sizes.iter().find(|&&s| s == 0 || s > max_size) {
+            return Err(format!(
+                "size {size} asked, outside 1..={max_size} bytes (the server's --max-size {}); use smaller -s, or start the server with a larger --max-size",
+                crate::text::size(max_size as u64)
+            ));
+        }
+        if self.buffer_len().is_none() {
+            return Err("the sizes asked do not fit in memory".into());
+        }
+        for (what, n) in [
+            ("iterations", self.iters),
+            ("warm-up iterations", self.warmup),
+        ] {
+            if let Some(n) = n.filter(|&n| n > MAX_ITERS) {
+                return Err(format!(
+                    "{n} {what} per size asked, more than the {MAX_ITERS} allowed; use a smaller -n or -w"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Iterations for `size`: as given, or enough to move about 256 MiB,
     /// between 1,000 and 100,000 (latency tests: 20,000).
     pub fn iters_for(&self, size: usize) -> u64 {
@@ -198,6 +252,13 @@ impl Params {
                 "device: client {}, server {}",
                 self.device.as_deref().unwrap_or("-"),
                 server.device.as_deref().unwrap_or("-")
+            ));
+        }
+        // The server allocates both buffers: only memory it was started with.
+        if self.mem_send != server.mem_send {
+            diffs.push(format!(
+                "memory type on the send side: client asked {}, server runs {}",
+                self.mem_send, server.mem_send
             ));
         }
         if self.mem_recv != server.mem_recv {
@@ -244,6 +305,77 @@ pub fn parse_sizes(s: &str) -> Result<Vec<usize>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn params(sizes: Vec<usize>) -> Params {
+        Params {
+            transport: "tcp".into(),
+            device: None,
+            mem_send: "host".into(),
+            mem_recv: "host".into(),
+            test: TestKind::PutBw,
+            layout: None,
+            sizes,
+            iters: None,
+            warmup: None,
+            outstanding: 1,
+            validate: false,
+            stage_validation: false,
+            percentile: 99.0,
+            inject_corruption: None,
+        }
+    }
+
+    #[test]
+    fn buffers_are_whole_pages_and_never_overflow() {
+        assert_eq!(params(vec![8]).buffer_len(), Some(4096));
+        assert_eq!(params(vec![4096]).buffer_len(), Some(4096));
+        assert_eq!(params(vec![4097, 8]).buffer_len(), Some(8192));
+        assert_eq!(params(vec![usize::MAX]).buffer_len(), None);
+        assert_eq!(params(vec![usize::MAX - 4094]).buffer_len(), None);
+    }
+
+    #[test]
+    fn limits_are_checked_at_their_edges() {
+        let max = 1 << 20;
+        assert!(params(vec![max]).within_limits(max).is_ok());
+        let e = params(vec![8, max + 1]).within_limits(max).unwrap_err();
+        assert!(
+            e.contains("size 1048577") && e.contains("--max-size 1M"),
+            "{e}"
+        );
+        assert!(params(vec![0]).within_limits(max).is_err());
+        assert!(params(vec![]).within_limits(max).is_err());
+        assert!(params(vec![8; MAX_SIZES]).within_limits(max).is_ok());
+        assert!(params(vec![8; MAX_SIZES + 1]).within_limits(max).is_err());
+        let iters = |iters, warmup| Params {
+            iters,
+            warmup,
+            ..params(vec![8])
+        };
+        assert!(iters(Some(MAX_ITERS), Some(MAX_ITERS))
+            .within_limits(max)
+            .is_ok());
+        let e = iters(Some(MAX_ITERS + 1), None)
+            .within_limits(max)
+            .unwrap_err();
+        assert!(e.contains("iterations"), "{e}");
+        let e = iters(None, Some(u64::MAX)).within_limits(max).unwrap_err();
+        assert!(e.contains("warm-up iterations"), "{e}");
+    }
+
+    #[test]
+    fn the_server_allocates_only_the_memory_it_runs_with() {
+        let server = params(vec![8]);
+        let client = Params {
+            mem_send: "gaudi".into(),
+            ..params(vec![8])
+        };
+        let why = client.mismatch(&server).expect("a mismatch");
+        assert!(
+            why.contains("send side: client asked gaudi, server runs host"),
+            "{why}"
+        );
+    }
 
     #[test]
     fn sizes() {

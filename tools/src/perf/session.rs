@@ -177,20 +177,98 @@ pub fn alloc(
     Ok(mem)
 }
 
+/// What a server lets a client ask of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// The largest message size; each of the server's two buffers is at
+    /// most this, rounded up to a page.
+    pub max_size: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_size: super::params::DEFAULT_MAX_SIZE,
+        }
+    }
+}
+
+/// The largest bootstrap message a server takes: parameters, addresses and
+/// rkeys are a few KiB.
+const SERVER_MAX_FRAME: usize = 1 << 20;
+
+/// The server's half of the agreement: the client's proposal, checked
+/// against the server's own parameters and limits and against what its
+/// transport carries, before anything is allocated. Refusals go back to
+/// the client too.
+fn agree_as_server(
+    reg: &Registry,
+    ours: &Params,
+    limits: &ServerLimits,
+    ch: &mut BootstrapChannel,
+) -> Result<(Params, Box<dyn Iface>)> {
+    ch.set_max_frame(SERVER_MAX_FRAME);
+    let theirs = match ch.recv_msg::<Hello>()? {
+        Hello::Params(p) => *p,
+        other => {
+            return Err(PerfError::Protocol(format!(
+                "expected parameters, got {other:?}"
+            )))
+        }
+    };
+    let mut refuse = |why: String| {
+        let _ = ch.send_msg(&Hello::Refuse(why.clone()));
+        PerfError::Refused(why)
+    };
+    if let Some(m) = theirs.mismatch(ours) {
+        return Err(refuse(format!(
+            "{m}; start both sides with the same -t, -d and -m"
+        )));
+    }
+    theirs.within_limits(limits.max_size).map_err(&mut refuse)?;
+    // The server opens its side before accepting, so that a transport it
+    // lacks, or a size it cannot carry, is reported to the client.
+    let iface = open_iface(reg, &theirs).map_err(|e| refuse(format!("on the server: {e}")))?;
+    super::layout::check_sizes_in(iface.attrs(), &theirs)
+        .map_err(|e| refuse(format!("on the server: {e}")))?;
+    ch.send_msg(&Hello::Accept)?;
+    Ok((theirs, iface))
+}
+
 impl Session {
-    /// Agrees the parameters (the client proposes, the server checks them
-    /// against its own), opens the transport and connects both ways.
+    /// Agrees the parameters as the client (the server checks them against
+    /// its own), opens the transport and connects both ways.
     pub fn open(
+        reg: &Registry,
+        params: &Params,
+        ch: BootstrapChannel,
+        role: Role,
+    ) -> Result<Session> {
+        Session::open_with(reg, params, ch, role, &ServerLimits::default())
+    }
+
+    /// [`Session::open`] as the server, with the limits it puts on clients.
+    pub fn serve(
+        reg: &Registry,
+        params: &Params,
+        ch: BootstrapChannel,
+        limits: &ServerLimits,
+    ) -> Result<Session> {
+        Session::open_with(reg, params, ch, Role::Server, limits)
+    }
+
+    fn open_with(
         reg: &Registry,
         params: &Params,
         mut ch: BootstrapChannel,
         role: Role,
+        limits: &ServerLimits,
     ) -> Result<Session> {
-        let params = match role {
+        let (params, mut iface) = match role {
             Role::Client => {
                 ch.send_msg(&Hello::Params(Box::new(params.clone())))?;
                 match ch.recv_msg::<Hello>()? {
-                    Hello::Accept => params.clone(),
+                    Hello::Accept => (params.clone(), open_iface(reg, params)?),
                     Hello::Refuse(why) => return Err(PerfError::Refused(why)),
                     other => {
                         return Err(PerfError::Protocol(format!(
@@ -199,34 +277,12 @@ impl Session {
                     }
                 }
             }
-            Role::Server => {
-                let theirs = match ch.recv_msg::<Hello>()? {
-                    Hello::Params(p) => *p,
-                    other => {
-                        return Err(PerfError::Protocol(format!(
-                            "expected parameters, got {other:?}"
-                        )))
-                    }
-                };
-                if let Some(m) = theirs.mismatch(params) {
-                    let why = format!("{m}; start both sides with the same -t, -d and -m");
-                    let _ = ch.send_msg(&Hello::Refuse(why.clone()));
-                    return Err(PerfError::Refused(why));
-                }
-                // The server opens its side before accepting, so that a
-                // transport it lacks is reported to the client.
-                if let Err(e) = open_iface(reg, &theirs) {
-                    let _ = ch.send_msg(&Hello::Refuse(format!("on the server: {e}")));
-                    return Err(e);
-                }
-                ch.send_msg(&Hello::Accept)?;
-                theirs
-            }
+            Role::Server => agree_as_server(reg, params, limits, &mut ch)?,
         };
-        let mut iface = open_iface(reg, &params)?;
         let caps = iface.attrs().caps;
-        let max = params.sizes.iter().copied().max().unwrap_or(8).max(64);
-        let len = max.div_ceil(4096) * 4096;
+        let len = params.buffer_len().ok_or_else(|| {
+            PerfError::Usage("the sizes asked do not fit in memory; use smaller -s".into())
+        })?;
         let mut buffers = Vec::new();
         let mem_type = |m: &str| MemoryType::parse(m).map_err(|e| PerfError::Usage(e.to_string()));
         let send = alloc(
