@@ -1,5 +1,5 @@
 //! Registration records of this process's cma regions, in one table
-//! ([`table`](super::table)) that peers map: the records read-only, one
+//! (`table.rs`) that peers map: the records read-only, one
 //! busy counter per record writable. An initiator checks the owner's record
 //! (state, secret, range, rights) with a few loads before every transfer,
 //! with no system call.
@@ -187,7 +187,8 @@ impl Drop for Slot {
     }
 }
 
-/// A peer's record table, mapped (see [`table`](super::table)).
+/// A peer's record table, mapped (see `table.rs`: only a sealed table of
+/// the connected peer, of our size, is accepted).
 #[derive(Debug)]
 pub struct PeerTable {
     mem: TableMemory,
