@@ -1,0 +1,120 @@
+//! A posix segment owner that turns hostile (finding 12.5): it shrinks a
+//! segment a peer has mapped, and a peer opens a read-only region with a
+//! writable mapping of its own. The kernel must refuse both; a case that
+//! could kill its process (SIGBUS) runs in a child with a deadline.
+
+mod posix_support;
+
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use posix_support::{object_at, open_posix, role, run_child};
+use uct_core::{Access, EpParams, MemoryType, Registry, RkeyBundle};
+
+#[test]
+fn a_segment_shrunk_under_a_peer_does_not_kill_it() {
+    let run = run_child("shrink_child", "shrink", &[], Duration::from_secs(60));
+    assert!(
+        run.succeeded(),
+        "the peer that read a shrunk segment: {}\n{}",
+        run.describe(),
+        run.output
+    );
+}
+
+/// The owner (this process) shrinks a segment this process's own endpoint
+/// has mapped and read through the rkey, then reads through it again.
+#[test]
+#[ignore = "run in a child process by a_segment_shrunk_under_a_peer_does_not_kill_it"]
+fn shrink_child() {
+    if role().as_deref() != Some("shrink") {
+        return;
+    }
+    let (md, mut iface) = open_posix();
+    let mut ep = iface
+        .create_ep(EpParams::ToIface {
+            device_addr: iface.device_address(),
+            iface_addr: iface.iface_address(),
+        })
+        .expect("endpoint");
+    let mem = md
+        .alloc(64 << 10, MemoryType::Host, Access::all())
+        .expect("alloc");
+    let packed = RkeyBundle::single(md.pack_rkey(&mem).unwrap())
+        .pack()
+        .unwrap();
+    let rkey = Registry::global().unpack_rkey(&packed, md.name()).unwrap();
+    let mut buf = [0u8; 8];
+    let status = ep
+        .get_short(&mut buf, mem.addr() + 32768, &rkey)
+        .expect("a get before the shrink");
+    assert_eq!(status, uct_core::Status::Done);
+    let (file, _) = object_at(mem.addr()).expect("the segment's object");
+    if let Err(e) = file.set_len(4096) {
+        println!("the kernel refused the shrink: {e}");
+        return;
+    }
+    let got = ep.get_short(&mut buf, mem.addr() + 32768, &rkey);
+    println!("a get after the shrink: {got:?}");
+    assert!(got.is_err(), "a get past the shrunk end succeeded");
+}
+
+#[test]
+fn a_peer_cannot_write_a_read_only_region_through_a_mapping_of_its_own() {
+    let (md, _iface) = open_posix();
+    let mem = md
+        .alloc(8192, MemoryType::Host, Access::remote_read_only())
+        .expect("alloc");
+    mem.write(0, &[0x11; 64]).unwrap();
+    let mut breaches = Vec::new();
+    match object_at(mem.addr()) {
+        Err(e) => println!("the kernel refused a read-write open: {e}"),
+        Ok((file, at)) => {
+            // A writable shared mapping of its own.
+            // SAFETY: a fresh mapping of the object at an address the kernel
+            // picks; unmapped below.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    at as usize + 64,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    file.as_raw_fd(),
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                println!("mmap refused: {}", std::io::Error::last_os_error());
+            } else {
+                // SAFETY: `at` + 64 bytes were mapped above.
+                unsafe {
+                    (p as *mut u8).add(at as usize).write_bytes(0xee, 8);
+                    libc::munmap(p, at as usize + 64);
+                }
+                breaches.push("a writable shared mapping");
+            }
+            // write(2) at the region's offset.
+            // SAFETY: 8 bytes from a live buffer.
+            let n = unsafe {
+                libc::pwrite(
+                    file.as_raw_fd(),
+                    [0xddu8; 8].as_ptr() as *const libc::c_void,
+                    8,
+                    at as libc::off_t + 8,
+                )
+            };
+            if n < 0 {
+                println!("pwrite refused: {}", std::io::Error::last_os_error());
+            } else {
+                breaches.push("pwrite");
+            }
+        }
+    }
+    let mut now = [0u8; 64];
+    mem.read(0, &mut now).unwrap();
+    assert!(
+        breaches.is_empty() && now == [0x11; 64],
+        "a peer wrote a read-only region through {breaches:?}; its first bytes are now {:02x?}",
+        &now[..16]
+    );
+}

@@ -1,0 +1,155 @@
+//! What the posix integration tests share: a posix MD and iface through
+//! the registry, the object behind a mapped address (as a hostile process
+//! with access to our files would find it), and child processes for the
+//! cases that may kill the process (SIGBUS) or hang, run with a deadline.
+
+#![allow(dead_code)] // each test file uses its own part of this module
+
+use std::fs::File;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uct_core::{Iface, MemoryDomain, Registry};
+
+/// The environment variable that tells a re-executed test binary which
+/// child role to play.
+pub const ROLE: &str = "TL_SM_POSIX_TEST_ROLE";
+
+/// The posix MD and an iface on it.
+pub fn open_posix() -> (Arc<dyn MemoryDomain>, Box<dyn Iface>) {
+    // Link tl-sm, whose component registers itself.
+    let _ = std::any::type_name::<tl_sm::SmComponent>();
+    let registry = Registry::global();
+    let resource = registry
+        .find_resource("posix", None)
+        .expect("the posix transport");
+    let iface = resource
+        .component
+        .open_iface(&resource.md, &resource.tl, &Default::default())
+        .expect("open a posix iface");
+    (resource.md.clone(), iface)
+}
+
+/// The role this process plays, when a test re-executed it.
+pub fn role() -> Option<String> {
+    std::env::var(ROLE).ok()
+}
+
+/// What a child process left.
+pub struct ChildRun {
+    pub status: Option<ExitStatus>,
+    pub output: String,
+}
+
+impl ChildRun {
+    /// The exit status in words: the signal by name when it was killed.
+    pub fn describe(&self) -> String {
+        match self.status {
+            None => "still running at its deadline (killed)".into(),
+            Some(s) => match s.signal() {
+                Some(libc::SIGBUS) => "killed by SIGBUS".into(),
+                Some(libc::SIGSEGV) => "killed by SIGSEGV".into(),
+                Some(sig) => format!("killed by signal {sig}"),
+                None => format!("exit code {:?}", s.code()),
+            },
+        }
+    }
+
+    pub fn succeeded(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+}
+
+/// Runs test `test` of this binary in a child process as `role`, with
+/// `env`, and waits at most `deadline` for it.
+pub fn run_child(test: &str, role: &str, env: &[(&str, String)], deadline: Duration) -> ChildRun {
+    let exe = std::env::current_exe().expect("this test binary");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        test,
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(ROLE, role)
+    .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out_path = std::env::temp_dir().join(format!(
+        "tl-sm-posix-child-{}-{role}.out",
+        std::process::id()
+    ));
+    let out = File::create(&out_path).expect("child output file");
+    cmd.stdout(out.try_clone().expect("dup")).stderr(out);
+    let mut child = cmd.spawn().expect("spawn the child");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break Some(status);
+        }
+        if start.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_path);
+    ChildRun { status, output }
+}
+
+/// The object mapped at `addr` in this process and the file offset of
+/// `addr` in it, opened read-write as another process of the same user
+/// could open it: by its /dev/shm name, or through the descriptor that
+/// keeps it (`/proc/<pid>/fd/<n>`).
+pub fn object_at(addr: u64) -> std::io::Result<(File, u64)> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(_perms), Some(offset), Some(_dev), Some(inode)) = (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) else {
+            continue;
+        };
+        let path: Vec<&str> = fields.collect();
+        let path = path.join(" ");
+        let Some((start, end)) = range.split_once('-') else {
+            continue;
+        };
+        let start = u64::from_str_radix(start, 16).unwrap_or(0);
+        let end = u64::from_str_radix(end, 16).unwrap_or(0);
+        if !(start..end).contains(&addr) {
+            continue;
+        }
+        let at = u64::from_str_radix(offset, 16).unwrap_or(0) + (addr - start);
+        let inode: u64 = inode.parse().unwrap_or(0);
+        let rw = |p: &str| File::options().read(true).write(true).open(p);
+        if path.starts_with("/dev/shm/") {
+            return rw(&path).map(|f| (f, at));
+        }
+        for entry in std::fs::read_dir("/proc/self/fd")?.flatten() {
+            let p = entry.path();
+            if std::fs::metadata(&p).is_ok_and(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.ino() == inode
+            }) {
+                return rw(&p.to_string_lossy()).map(|f| (f, at));
+            }
+        }
+        return Err(std::io::Error::other(format!(
+            "no descriptor of this process holds {path} (inode {inode})"
+        )));
+    }
+    Err(std::io::Error::other(format!(
+        "nothing is mapped at {addr:#x}"
+    )))
+}
