@@ -51,8 +51,16 @@ pub struct IbComponent {
     mds: Mutex<HashMap<String, Arc<RcMd>>>,
 }
 
+impl Default for IbComponent {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl IbComponent {
-    pub(crate) fn new() -> Self {
+    /// The component, for a program that links rc rather than loading the
+    /// module (tests).
+    pub fn new() -> Self {
         IbComponent {
             mds: Mutex::new(HashMap::new()),
         }

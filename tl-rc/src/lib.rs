@@ -7,7 +7,8 @@
 //! for rc: `tx.rs` (the send side as a state machine without verbs),
 //! `conn.rs` (the endpoint's verbs I/O and completions), `post.rs` (building
 //! each kind of work request), `qp.rs` (completion queues and
-//! queue pairs) and `wire.rs` (addresses and immediate data).
+//! queue pairs, public so that tests can play a hostile peer with raw
+//! verbs) and `wire.rs` (addresses and immediate data).
 
 pub mod component;
 mod conn;
@@ -15,7 +16,7 @@ mod ep;
 pub mod iface;
 pub mod md;
 mod post;
-mod qp;
+pub mod qp;
 pub mod tx;
 pub mod wire;
 
