@@ -4,9 +4,13 @@
 //! address or rkey.
 //!
 //! One request per connection: the client writes one line and reads one
-//! line back, `ok <detail>` or `err <the error the victim got>`.
+//! line back, `ok <detail>` or `err <the error the victim got>`. The victim
+//! serves one request at a time and answers when it is done, progressing
+//! its iface meanwhile: an attacker whose own iface must answer the victim
+//! (tcp: a `connect` to it, a `get` from it) progresses that iface while it
+//! waits for the answer (send the request from another thread).
 //!
-//! Requests (hex for byte strings):
+//! Requests (hex for byte strings, `-` for an empty one, see [`word`]):
 //! - `connect <device_addr> <iface_addr>`: create an endpoint to that iface
 //!   and send one AM (id 1, header 0, 8 bytes of payload), flushing it
 //!   (cma, which has no active messages, only flushes). It replaces the
@@ -56,14 +60,33 @@ pub fn request(target: &Target, line: &str) -> Result<String, String> {
     }
 }
 
+/// A byte string as a request word: hex, or `-` for none (cma's iface
+/// address is empty, and an empty word would vanish from the line).
+pub fn word(bytes: &[u8]) -> String {
+    if bytes.is_empty() {
+        "-".into()
+    } else {
+        hex(bytes)
+    }
+}
+
+/// Parses [`word`]'s output.
+pub fn unword(s: &str) -> Option<Vec<u8>> {
+    if s == "-" {
+        Some(Vec::new())
+    } else {
+        super::unhex(s)
+    }
+}
+
 /// `connect` request text.
 pub fn connect_line(device_addr: &[u8], iface_addr: &[u8]) -> String {
-    format!("connect {} {}", hex(device_addr), hex(iface_addr))
+    format!("connect {} {}", word(device_addr), word(iface_addr))
 }
 
 /// `get`/`put` request text (`op` is "get" or "put").
 pub fn rma_line(op: &str, rkey: &[u8], remote_addr: u64, len: usize) -> String {
-    format!("{op} {} {remote_addr:x} {len}", hex(rkey))
+    format!("{op} {} {remote_addr:x} {len}", word(rkey))
 }
 
 /// Turns the victim's answer to a request that must be refused into an

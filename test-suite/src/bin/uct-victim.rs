@@ -22,7 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use test_suite::adversary::common::{self, named, OpError};
-use test_suite::adversary::{unhex, RegionInfo, Target};
+use test_suite::adversary::control::unword;
+use test_suite::adversary::{RegionInfo, Target};
 use uct_core::{
     Access, Caps, Endpoint, EpParams, Iface, MdFlags, MemHandle, MemoryDomain, MemoryType,
     Registry, RkeyBundle, UctError,
@@ -346,7 +347,7 @@ impl Victim {
 }
 
 fn hex_arg(s: &str) -> Result<Vec<u8>, UctError> {
-    unhex(s).ok_or_else(|| UctError::InvalidParam(format!("{s:.40?} is not hex")))
+    unword(s).ok_or_else(|| UctError::InvalidParam(format!("{s:.40?} is not hex (or - for none)")))
 }
 
 /// A request whose wait ran out is a Timeout answer.
