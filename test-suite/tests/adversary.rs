@@ -39,6 +39,10 @@ use uct_core::{Registry, RemoteKey};
 const RSS_BOUND_KIB: u64 = 256 << 10;
 /// How long an attacker may run.
 const ATTACK_DEADLINE: Duration = Duration::from_secs(90);
+/// How long the attackers of the whole suite may run together: with each
+/// attack a few seconds, a suite over this has attacks that hang, and the
+/// rest are failed unrun rather than waited for.
+const SUITE_BUDGET: Duration = Duration::from_secs(240);
 /// How long the victim may take to print its target line, the good peer
 /// to verify a round, and the victim to exit once its stdin is closed.
 const STEP_DEADLINE: Duration = Duration::from_secs(20);
@@ -72,7 +76,16 @@ fn main() -> ExitCode {
             continue;
         }
         let _ = std::io::stdout().flush();
-        match run(attack) {
+        let left = SUITE_BUDGET.saturating_sub(t0.elapsed());
+        if left.is_zero() {
+            println!(
+                "adversary: {}: FAILED: not run: the suite's attackers used up its {SUITE_BUDGET:?}",
+                attack.name
+            );
+            failed += 1;
+            continue;
+        }
+        match run(attack, ATTACK_DEADLINE.min(left)) {
             Ok(line) => {
                 println!("adversary: {}: {line}", attack.name);
                 passed += 1;
@@ -129,9 +142,9 @@ fn absent(transport: &str) -> Option<String> {
 }
 
 /// Runs one attack: its line on success, why it failed otherwise.
-fn run(attack: &Attack) -> Result<String, String> {
+fn run(attack: &Attack, deadline: Duration) -> Result<String, String> {
     let mut victim = Victim::spawn(attack.transport)?;
-    let result = attack_with_peer(attack, &mut victim);
+    let result = attack_with_peer(attack, &mut victim, deadline);
     let finish = victim.finish();
     let (outcome, peer) = match result {
         Ok(r) => r,
@@ -171,12 +184,16 @@ struct PeerRounds {
 }
 
 /// Starts the good peer, runs the attacker while it works, then stops it.
-fn attack_with_peer(attack: &Attack, victim: &mut Victim) -> Result<(Outcome, PeerRounds), String> {
+fn attack_with_peer(
+    attack: &Attack,
+    victim: &mut Victim,
+    deadline: Duration,
+) -> Result<(Outcome, PeerRounds), String> {
     let peer = GoodPeer::start(victim.target.clone());
     let result = (|| {
         peer.wait_rounds(1, "before the attack")?;
         let before = peer.rounds();
-        let outcome = run_attacker(attack, &victim.line)?;
+        let outcome = run_attacker(attack, &victim.line, deadline)?;
         let during = peer.rounds() - before;
         if during == 0 {
             return Err(format!(
@@ -198,9 +215,9 @@ fn attack_with_peer(attack: &Attack, victim: &mut Victim) -> Result<(Outcome, Pe
     Ok((outcome, PeerRounds { total, during }))
 }
 
-/// Runs the attacker to its end (killed after [`ATTACK_DEADLINE`]) and
-/// reads its outcome.
-fn run_attacker(attack: &Attack, target_line: &str) -> Result<Outcome, String> {
+/// Runs the attacker to its end (killed after `deadline`) and reads its
+/// outcome.
+fn run_attacker(attack: &Attack, target_line: &str, deadline: Duration) -> Result<Outcome, String> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_uct-attacker"))
         .args(["--attack", attack.name, "--target", target_line])
         .stdin(Stdio::null())
@@ -210,7 +227,7 @@ fn run_attacker(attack: &Attack, target_line: &str) -> Result<Outcome, String> {
         .map_err(|e| format!("spawn uct-attacker: {e}"))?;
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
-    let status = wait_deadline(&mut child, ATTACK_DEADLINE);
+    let status = wait_deadline(&mut child, deadline);
     let (stdout, stderr) = (joined(stdout), joined(stderr));
     let status = status.map_err(|e| format!("the attacker {e}"))?;
     let outcome = stdout

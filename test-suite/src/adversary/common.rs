@@ -356,3 +356,27 @@ fn out_of_range(t: &Target) -> Result<Outcome, String> {
         ],
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_errors_start_with_their_variant() {
+        assert!(
+            named(&UctError::NoSuchRegion { region_id: 3 }).starts_with("NoSuchRegion: region 3 ")
+        );
+        assert!(named(&UctError::BadSecret).starts_with("BadSecret: the rkey's secret"));
+        assert!(named(&UctError::Protocol("x".into())).starts_with("Protocol: "));
+    }
+
+    #[test]
+    fn this_file_attacks_tcp_and_posix_and_all_lists_them() {
+        let all: Vec<_> = super::super::all().iter().map(|a| a.name).collect();
+        for t in ["tcp", "posix"] {
+            for a in ["stale-rkey-replay", "out-of-range"] {
+                assert!(all.contains(&format!("{t}/{a}").as_str()), "{t}/{a}");
+            }
+        }
+    }
+}

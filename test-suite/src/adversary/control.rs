@@ -99,3 +99,19 @@ pub fn must_refuse(answer: Result<String, String>, what: &str) -> Result<Outcome
         Ok(detail) => Ok(Outcome::Breach(format!("{what} ({detail})"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_round_trip_and_empty_is_a_dash() {
+        assert_eq!(word(&[]), "-");
+        for bytes in [&[][..], &[0u8][..], &[0xde, 0xad, 0xbe, 0xef][..]] {
+            assert_eq!(unword(&word(bytes)).as_deref(), Some(bytes));
+        }
+        assert_eq!(unword("xyz"), None);
+        assert_eq!(connect_line(&[1], &[]), "connect 01 -");
+        assert_eq!(rma_line("get", &[0xab], 0x1000, 8), "get ab 1000 8");
+    }
+}
