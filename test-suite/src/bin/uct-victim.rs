@@ -208,10 +208,12 @@ impl Victim {
         });
 
         let mut idle = 0u32;
+        let mut turn = 0u32;
         while !self.stdin_closed.load(Ordering::Relaxed) {
             let mut worked = self.iface.progress() > 0;
-            // accept() is a system call: only between bursts of work.
-            if !worked || idle == 0 {
+            turn = turn.wrapping_add(1);
+            // accept() is a system call: when idle, or every 64th busy turn.
+            if !worked || turn.is_multiple_of(64) {
                 match self.listener.accept() {
                     Ok((stream, _)) => {
                         self.request(stream);
