@@ -83,6 +83,14 @@ impl IbBacking {
     }
 }
 
+impl Drop for IbBacking {
+    fn drop(&mut self) {
+        // Deregister first; if the NIC keeps the MR, its memory is leaked
+        // rather than freed under it (Mr::deregister).
+        self.mr.deregister((self._alloc.take(), self._owner.take()));
+    }
+}
+
 impl MemBacking for IbBacking {
     fn as_any(&self) -> &dyn Any {
         self

@@ -154,9 +154,17 @@ impl Drop for Pd {
 }
 
 /// A memory region.
+///
+/// Its owner calls [`deregister`](Mr::deregister) with what keeps the
+/// registered memory alive, before that memory can go: if the NIC refuses
+/// to let go of the registration, the memory is leaked rather than freed
+/// under it.
 pub struct Mr {
     ptr: NonNull<ibv_mr>,
-    _pd: Arc<Pd>,
+    /// Kept (leaked) when deregistration fails: the MR still lives in it.
+    pd: Arc<Pd>,
+    /// Deregistration was tried: Drop does not try again.
+    released: bool,
 }
 
 // SAFETY: an MR is not tied to the thread that registered it.
@@ -172,6 +180,14 @@ impl Mr {
     /// # Safety
     /// `p` is null or an MR registered on `pd` and owned by nobody else:
     /// the `Mr` deregisters it when dropped.
+    ///
+    /// Safe code cannot wrap just any pointer (issue 12, finding 8):
+    ///
+    /// ```compile_fail,E0133
+    /// fn wrap(pd: &std::sync::Arc<md_ib::verbs::Pd>) {
+    ///     let _ = md_ib::verbs::Mr::from_raw(0xdead as *mut rdma_sys::ibv_mr, pd, "forged");
+    /// }
+    /// ```
     pub unsafe fn from_raw(
         p: *mut ibv_mr,
         pd: &Arc<Pd>,
@@ -180,7 +196,8 @@ impl Mr {
         match NonNull::new(p) {
             Some(ptr) => Ok(Mr {
                 ptr,
-                _pd: pd.clone(),
+                pd: pd.clone(),
+                released: false,
             }),
             None => Err(VerbsError::last(call).on(pd.context().name())),
         }
@@ -200,28 +217,55 @@ impl Mr {
     }
 }
 
+impl Mr {
+    /// Deregisters the MR now. `covers` is what keeps the memory of the
+    /// registration alive (its allocation, the handle of its owner): it is
+    /// dropped once the NIC has let go of the memory. If ibv_dereg_mr fails,
+    /// the NIC may still read or write that memory, so `covers` is leaked
+    /// (never dropped, so never freed) and the failure logged as an error.
+    /// Returns whether the MR was deregistered; a second call does nothing.
+    pub fn deregister<T>(&mut self, covers: T) -> bool {
+        if std::mem::replace(&mut self.released, true) {
+            drop(covers);
+            return true;
+        }
+        let ptr = self.ptr.as_ptr();
+        let pd = self.pd.clone();
+        release(
+            "a memory region",
+            // SAFETY: `from_raw` made this Mr the MR's only owner, and
+            // `released` makes this the only deregistration.
+            || unsafe { ibv_dereg_mr(ptr) },
+            (covers, pd),
+        )
+    }
+}
+
 impl Drop for Mr {
     fn drop(&mut self) {
-        let ptr = self.ptr.as_ptr();
-        // SAFETY: `from_raw` made this Mr the MR's only owner, so it is
-        // deregistered once, here.
-        release("an MR", || unsafe { ibv_dereg_mr(ptr) }, ());
+        // An owner that did not deregister: nothing known to keep, but the
+        // protection domain the MR lives in.
+        self.deregister(());
     }
 }
 
 /// Deregisters a memory region through `dereg` (ibv_dereg_mr, or a test's
-/// stand-in); `covers` is what keeps the memory of the registration alive.
-/// Returns whether the MR was deregistered.
+/// stand-in). `covers` is what keeps the memory of the registration alive:
+/// dropped after a successful deregistration, leaked after a failed one,
+/// because the NIC may still reach the memory. Returns whether the MR was
+/// deregistered.
 fn release<T>(what: &str, dereg: impl FnOnce() -> libc::c_int, covers: T) -> bool {
     let r = dereg();
-    drop(covers);
-    if r != 0 {
-        log::warn!(
-            "verbs: ibv_dereg_mr of {what} failed: {}",
-            crate::error::errno_text(r)
-        );
+    if r == 0 {
+        drop(covers);
+        return true;
     }
-    r == 0
+    std::mem::forget(covers);
+    log::error!(
+        "verbs: ibv_dereg_mr of {what} failed: {}; the NIC may still read or write its memory, so that memory is leaked (never freed) until the process exits",
+        crate::error::errno_text(r)
+    );
+    false
 }
 
 #[cfg(test)]
