@@ -65,6 +65,7 @@ pub(crate) fn iov_sges(
     }
     let mut sges = Vec::with_capacity(iov.len());
     let mut keep = Vec::with_capacity(iov.len());
+    let total = check_zcopy_lengths(what, iov.iter().map(|e| e.len), max)?;
     for entry in iov {
         let mem = entry.mem;
         if mem.mem_type() != MemoryType::Host && mem.md_name() != md.name() {
@@ -85,23 +86,41 @@ pub(crate) fn iov_sges(
         mem.check_range(entry.offset, entry.len)?;
         sges.push(ibv_sge {
             addr: mem.addr() + entry.offset as u64,
+            // Fits: check_zcopy_lengths refused longer entries.
             length: entry.len as u32,
             lkey: md.lkey_of(mem)?,
         });
         keep.push(mem.clone());
     }
-    let total = check_zcopy_lengths(what, iov.iter().map(|e| e.len), max)?;
     Ok((sges, keep, total))
 }
 
-/// The total length of a zero-copy list of entries of `lens` bytes.
+/// Checks the lengths of a zero-copy list against what rc can post: each
+/// entry must fit an SGE's 32-bit length, and the total must not exceed
+/// `max` (the advertised max_zcopy, or the AM limit). Returns the total.
 pub(crate) fn check_zcopy_lengths(
     what: &str,
     lens: impl Iterator<Item = usize>,
     max: usize,
 ) -> Result<usize> {
-    let _ = (what, max);
-    Ok(lens.sum())
+    let mut total = 0usize;
+    for len in lens {
+        if u32::try_from(len).is_err() {
+            return Err(UctError::InvalidParam(format!(
+                "{what}: an iov entry of {len} bytes does not fit the 32-bit length of a verbs scatter/gather entry; split it into entries of at most {} bytes",
+                u32::MAX
+            )));
+        }
+        total = total
+            .checked_add(len)
+            .filter(|&t| t <= max)
+            .ok_or_else(|| {
+                UctError::InvalidParam(format!(
+                    "{what}: the iov list exceeds rc's max_zcopy of {max} bytes; post it in pieces of at most max_zcopy"
+                ))
+            })?;
+    }
+    Ok(total)
 }
 
 impl Connection {
