@@ -153,3 +153,63 @@ pub fn object_at(addr: u64) -> std::io::Result<(File, u64)> {
         "nothing is mapped at {addr:#x}"
     )))
 }
+
+/// A child process playing `role` in test `test` of this binary, its
+/// stdout piped: it prints what the test needs and waits to be killed.
+pub fn spawn_child(test: &str, role: &str, env: &[(&str, String)]) -> std::process::Child {
+    let exe = std::env::current_exe().expect("this test binary");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        test,
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(ROLE, role)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn the child")
+}
+
+/// What follows `prefix` on the first line of `child`'s stdout that has
+/// it; waits at most `deadline`.
+pub fn line_from(child: &mut std::process::Child, prefix: &str, deadline: Duration) -> String {
+    use std::io::BufRead;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let wanted = prefix.to_string();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            // libtest prints "test NAME ... " before the test's own output.
+            // Keep reading after it: a closed pipe would fail the child's
+            // later output.
+            if let Some(at) = line.find(&wanted) {
+                let _ = tx.send(line[at + wanted.len()..].to_string());
+            }
+        }
+    });
+    match rx.recv_timeout(deadline) {
+        Ok(line) => line,
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the child printed no {prefix:?} line within {deadline:?}");
+        }
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
