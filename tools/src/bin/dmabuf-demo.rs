@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tools::perf::pattern::{check_pattern, pattern_into};
 use tools::perf::session::alloc;
 use tools::perf::stage::Stage;
-use uct_core::bootstrap::{BootstrapChannel, BootstrapListener};
+use uct_core::bootstrap::{BootstrapChannel, BootstrapError, BootstrapListener};
 use uct_core::{
     Completion, Endpoint, EpParams, Iface, IfaceParams, Iov, MemHandle, MemoryType, Registry,
     RemoteKey, RkeyBundle, Status,
@@ -111,6 +111,8 @@ enum DemoError {
     },
     #[error("timed out after {0:?} waiting for {1}; is the peer alive?")]
     Timeout(Duration, &'static str),
+    #[error("the peer failed while waiting for {0}: {1}")]
+    PeerDied(&'static str, #[source] uct_core::UctError),
     #[error("protocol: {0}")]
     Protocol(String),
 }
@@ -118,6 +120,8 @@ enum DemoError {
 type Result<T, E = DemoError> = std::result::Result<T, E>;
 
 const AM_ID: u8 = 3;
+/// How long a server waits for its client.
+const CLIENT_WAIT: Duration = Duration::from_secs(24 * 3600);
 /// Send/Recv replies carry a different pattern from requests.
 const REPLY: u64 = 1 << 32;
 /// RDMA Read iterations use patterns of their own.
@@ -167,8 +171,18 @@ struct Side {
     stage: Option<Stage>,
     received: Arc<Mutex<Vec<Vec<u8>>>>,
     timeout: Duration,
+    /// Turns of waiting loops, which pace the liveness probes.
+    turns: u32,
     _host: Vec<Box<[u8]>>,
 }
+
+/// Turns of a waiting loop between two liveness probes (`Endpoint::check`,
+/// which the transport rate-limits by time): a turn is a progress call.
+const CHECK_EVERY: u32 = 64;
+
+/// How long a closed bootstrap connection is given to be explained by the
+/// transport, which names the peer.
+const EXPLAIN_WITHIN: Duration = Duration::from_millis(200);
 
 fn open_side(reg: &Registry, opts: &Opts, nbufs: usize) -> Result<Side> {
     let device = opts.device.as_ref().map(|d| {
@@ -228,20 +242,86 @@ fn open_side(reg: &Registry, opts: &Opts, nbufs: usize) -> Result<Side> {
         stage,
         received,
         timeout: Duration::from_secs(opts.timeout),
+        turns: 0,
         _host: host,
     })
 }
 
 impl Side {
-    fn until(&mut self, what: &'static str, mut done: impl FnMut(&mut Self) -> bool) -> Result<()> {
+    /// One turn of a wait: progress, and every [`CHECK_EVERY`]-th turn a
+    /// liveness probe, so that a dead peer ends the wait within the
+    /// transport's peer timeout.
+    fn turn(&mut self, what: &'static str) -> Result<()> {
+        self.iface.progress();
+        self.turns = self.turns.wrapping_add(1);
+        if self.turns.is_multiple_of(CHECK_EVERY) {
+            self.ep.check().map_err(|e| DemoError::PeerDied(what, e))?;
+        }
+        Ok(())
+    }
+
+    fn until(&mut self, what: &'static str, done: impl FnMut(&mut Self) -> bool) -> Result<()> {
+        self.within(self.timeout, what, done)
+    }
+
+    /// Progresses until `done`, probing the peer, for at most `limit`.
+    fn within(
+        &mut self,
+        limit: Duration,
+        what: &'static str,
+        mut done: impl FnMut(&mut Self) -> bool,
+    ) -> Result<()> {
         let t0 = Instant::now();
         while !done(self) {
-            self.iface.progress();
-            if t0.elapsed() > self.timeout {
-                return Err(DemoError::Timeout(self.timeout, what));
+            self.turn(what)?;
+            if t0.elapsed() > limit {
+                return Err(DemoError::Timeout(limit, what));
             }
         }
         Ok(())
+    }
+
+    /// Posts with `op` until the transport takes it.
+    fn retry(
+        &mut self,
+        what: &'static str,
+        mut op: impl FnMut(&mut dyn Endpoint) -> uct_core::Result<Status>,
+    ) -> Result<Status> {
+        let t0 = Instant::now();
+        loop {
+            match op(self.ep.as_mut())? {
+                Status::NoResource => {
+                    self.turn(what)?;
+                    if t0.elapsed() > self.timeout {
+                        return Err(DemoError::Timeout(self.timeout, what));
+                    }
+                }
+                status => return Ok(status),
+            }
+        }
+    }
+
+    /// Waits for the peer's next bootstrap message, progressing and probing
+    /// meanwhile; then receives it.
+    fn message(&mut self, ch: &mut BootstrapChannel, what: &'static str) -> Result<Msg> {
+        self.until(what, |_| ch.poll_readable(Duration::ZERO).unwrap_or(true))?;
+        ch.recv_msg::<Msg>().map_err(|e| self.explain(what, e))
+    }
+
+    /// A bootstrap connection that closed usually means that the peer
+    /// process died: the transport's probe then names the peer.
+    fn explain(&mut self, what: &'static str, e: BootstrapError) -> DemoError {
+        if matches!(e, BootstrapError::Closed | BootstrapError::Io { .. }) {
+            let t0 = Instant::now();
+            while t0.elapsed() < EXPLAIN_WITHIN {
+                self.iface.progress();
+                if let Err(dead) = self.ep.check() {
+                    return DemoError::PeerDied(what, dead);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        e.into()
     }
 
     fn post(
@@ -250,14 +330,7 @@ impl Side {
         mut op: impl FnMut(&mut dyn Endpoint, &Completion) -> uct_core::Result<Status>,
     ) -> Result<()> {
         let comp = Completion::new();
-        let status = loop {
-            match op(self.ep.as_mut(), &comp)? {
-                Status::NoResource => {
-                    self.iface.progress();
-                }
-                status => break status,
-            }
-        };
+        let status = self.retry(what, |ep| op(ep, &comp))?;
         if status == Status::InProgress {
             let fired = comp.clone();
             self.until(what, |_| fired.is_complete())?;
@@ -291,14 +364,9 @@ impl Side {
     }
 
     fn send_am(&mut self, data: &[u8]) -> Result<()> {
-        loop {
-            match self.ep.am_bcopy(AM_ID, data)? {
-                Status::NoResource => {
-                    self.iface.progress();
-                }
-                _ => return Ok(()),
-            }
-        }
+        // A bcopy message is copied out when accepted: nothing to wait for.
+        let _accepted = self.retry("room to send a message", |ep| ep.am_bcopy(AM_ID, data))?;
+        Ok(())
     }
 
     fn take_am(&mut self) -> Result<Vec<u8>> {
@@ -339,12 +407,21 @@ fn mib_s(bytes: u64, d: Duration) -> f64 {
 fn server(opts: Opts) -> Result<()> {
     let reg = Registry::global();
     let mut side = open_side(reg, &opts, 1)?;
-    let listener = BootstrapListener::bind(("0.0.0.0", opts.port), Duration::from_secs(24 * 3600))?;
+    // The channel keeps the listener's timeout: every wait on it is bounded
+    // by --timeout; the wait for a client, by a day.
+    let listener = BootstrapListener::bind(("0.0.0.0", opts.port), side.timeout)?;
     eprintln!(
         "dmabuf-demo server: waiting for a client on port {}",
         opts.port
     );
-    let mut ch = listener.accept()?;
+    let started = Instant::now();
+    let mut ch = loop {
+        match listener.accept() {
+            Ok(ch) => break ch,
+            Err(BootstrapError::Timeout { .. }) if started.elapsed() < CLIENT_WAIT => {}
+            Err(e) => return Err(e.into()),
+        }
+    };
     drop(listener);
     let (size, iters, their_mem, dev, ep_addr) = match ch.recv_msg::<Msg>()? {
         Msg::Hello {
@@ -392,13 +469,15 @@ fn server(opts: Opts) -> Result<()> {
         side.send_am(&pattern(am_size as usize, i | REPLY))?;
     }
     // RDMA Write and Read: answer checks and fills until the client is done.
+    // Between two requests the client makes a few transfers, each bounded
+    // by --timeout.
     let mut checked = 0u64;
     loop {
-        side.iface.progress();
-        if !ch.poll_readable(Duration::from_millis(1))? {
-            continue;
-        }
-        match ch.recv_msg::<Msg>()? {
+        let next = "the client's next request";
+        side.within(side.timeout * 4, next, |_| {
+            ch.poll_readable(Duration::from_millis(1)).unwrap_or(true)
+        })?;
+        match ch.recv_msg::<Msg>().map_err(|e| side.explain(next, e))? {
             Msg::Check { iter } => {
                 let (bad, ok) = if opts.mem.is_host_accessible() {
                     let data = side.read(0, opts.size)?;
@@ -441,8 +520,8 @@ fn server(opts: Opts) -> Result<()> {
     }
 }
 
-fn ack(ch: &mut BootstrapChannel) -> Result<(Option<String>, bool)> {
-    match ch.recv_msg::<Msg>()? {
+fn ack(side: &mut Side, ch: &mut BootstrapChannel) -> Result<(Option<String>, bool)> {
+    match side.message(ch, "the server's answer")? {
         Msg::Ack { bad, checked } => Ok((bad, checked)),
         other => Err(DemoError::Protocol(format!("expected ack, got {other:?}"))),
     }
@@ -488,7 +567,7 @@ fn client(host: &str, opts: Opts) -> Result<()> {
     let result = phases(&mut side, &mut ch, &opts, raddr, &rkey, am_size as usize);
     let ok = result.is_ok();
     let _ = ch.send_msg(&Msg::Done { ok });
-    let _ = ack(&mut ch);
+    let _ = ack(&mut side, &mut ch);
     result?;
     println!("dmabuf-demo client: ALL PHASES VERIFIED");
     Ok(())
@@ -528,7 +607,7 @@ fn phases(
         side.post("a flush", |ep, c| ep.flush(Some(c)))?;
         moved += started.elapsed();
         ch.send_msg(&Msg::Check { iter: i })?;
-        let (bad, checked) = ack(ch)?;
+        let (bad, checked) = ack(side, ch)?;
         if let Some(detail) = bad {
             return Err(DemoError::Verify {
                 phase: "rdma write (checked by the server)",
@@ -557,7 +636,7 @@ fn phases(
     let mut moved = Duration::ZERO;
     for i in 0..iters {
         ch.send_msg(&Msg::Fill { iter: i | READ })?;
-        ack(ch)?;
+        ack(side, ch)?;
         let dst = side.bufs[1].clone();
         let started = Instant::now();
         side.post("an RDMA Read", |ep, c| {

@@ -239,8 +239,11 @@ fn run_sizes(mut session: Session, out: Option<&Output>) -> Result<Vec<Row>> {
                 size
             ));
         }
-        run::phase(&mut session, size, warmup)?;
-        if let Some(measurement) = run::phase(&mut session, size, iters)? {
+        let test = session.params.test.name();
+        run::phase(&mut session, size, warmup).map_err(|e| e.during(test, size, "warm-up"))?;
+        let measured = run::phase(&mut session, size, iters)
+            .map_err(|e| e.during(test, size, "measurement"))?;
+        if let Some(measurement) = measured {
             let layout = layout::layout_for(&session, size)?.name();
             let params = &session.params;
             let row = Row::new(

@@ -195,6 +195,33 @@ fn mem_cycles(
     .line())
 }
 
+/// Turns of a waiting loop between two liveness probes of the endpoints
+/// (`Endpoint::check`, rate-limited by the transport): a turn is a
+/// progress call on each iface.
+const CHECK_EVERY: u32 = 64;
+
+/// The bound on every wait of a run.
+const WAIT_LIMIT: Duration = Duration::from_secs(60);
+
+/// Probes every endpoint's peer, and fails once `start` is [`WAIT_LIMIT`]
+/// ago: what each turn of a wait does every [`CHECK_EVERY`] turns.
+fn still_waiting(
+    eps: &mut [&mut Box<dyn uct_core::Endpoint>],
+    start: Instant,
+    what: &str,
+) -> Result<(), String> {
+    for ep in eps.iter_mut() {
+        ep.check().map_err(|e| format!("waiting for {what}: {e}"))?;
+    }
+    if start.elapsed() > WAIT_LIMIT {
+        return Err(format!(
+            "{what} did not complete in {} s",
+            WAIT_LIMIT.as_secs()
+        ));
+    }
+    Ok(())
+}
+
 fn endpoints(transport: &str, device: Option<&str>, count: usize) -> Result<String, String> {
     let text = |e: uct_core::UctError| e.to_string();
     let reg = Registry::global();
@@ -256,6 +283,7 @@ fn endpoints(transport: &str, device: Option<&str>, count: usize) -> Result<Stri
     let start = Instant::now();
     let comps: Vec<Completion> = (0..count).map(|_| Completion::new()).collect();
     for (i, ep) in eps.iter_mut().enumerate() {
+        let mut turns = 0u32;
         loop {
             let status = ep
                 .put_zcopy(
@@ -270,10 +298,15 @@ fn endpoints(transport: &str, device: Option<&str>, count: usize) -> Result<Stri
             }
             sender.progress();
             receiver.progress();
+            turns = turns.wrapping_add(1);
+            if turns.is_multiple_of(CHECK_EVERY) {
+                still_waiting(&mut [ep], start, &format!("endpoint {i}: room to put"))?;
+            }
         }
     }
     let flushes: Vec<Completion> = (0..count).map(|_| Completion::new()).collect();
     for (i, ep) in eps.iter_mut().enumerate() {
+        let mut turns = 0u32;
         loop {
             let status = ep
                 .flush(Some(&flushes[i]))
@@ -283,13 +316,20 @@ fn endpoints(transport: &str, device: Option<&str>, count: usize) -> Result<Stri
             }
             sender.progress();
             receiver.progress();
+            turns = turns.wrapping_add(1);
+            if turns.is_multiple_of(CHECK_EVERY) {
+                still_waiting(&mut [ep], start, &format!("endpoint {i}: room to flush"))?;
+            }
         }
     }
+    let mut turns = 0u32;
     while !(comps.iter().chain(&flushes).all(|c| c.is_complete())) {
         sender.progress();
         receiver.progress();
-        if start.elapsed() > Duration::from_secs(60) {
-            return Err("puts or flushes did not complete in 60 s".into());
+        turns = turns.wrapping_add(1);
+        if turns.is_multiple_of(CHECK_EVERY) {
+            let mut all: Vec<_> = eps.iter_mut().chain(peers.iter_mut()).collect();
+            still_waiting(&mut all, start, "the puts and flushes")?;
         }
     }
     for c in comps.iter().chain(&flushes) {

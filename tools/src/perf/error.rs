@@ -23,6 +23,15 @@ pub enum PerfError {
     },
     #[error("protocol error with the peer perftest: {0}")]
     Protocol(String),
+    /// What failed while a test was running, and which test and stage.
+    #[error("{test} at {size} bytes ({stage}): {source}")]
+    During {
+        test: &'static str,
+        size: usize,
+        /// "warm-up" or "measurement".
+        stage: &'static str,
+        source: Box<PerfError>,
+    },
 }
 
 impl PerfError {
@@ -30,7 +39,22 @@ impl PerfError {
     pub fn exit_code(&self) -> i32 {
         match self {
             PerfError::Usage(_) => 2,
+            PerfError::During { source, .. } => source.exit_code(),
             _ => 1,
+        }
+    }
+
+    /// Says which test, size and stage were running when this happened;
+    /// usage and validation errors say so already.
+    pub fn during(self, test: &'static str, size: usize, stage: &'static str) -> PerfError {
+        match self {
+            PerfError::Usage(_) | PerfError::Validation { .. } | PerfError::During { .. } => self,
+            other => PerfError::During {
+                test,
+                size,
+                stage,
+                source: Box::new(other),
+            },
         }
     }
 }

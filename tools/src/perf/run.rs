@@ -8,11 +8,16 @@
 //! or active messages, gets, fetching atomics or an add rate) while the
 //! server answers (`server`), then the client asks the server to confirm
 //! the end (`Ctl::Done`) and only then stops the clock.
+//!
+//! Every wait, over the transport or over the bootstrap channel, progresses
+//! the iface and probes the peer's liveness (`Endpoint::check`), so that a
+//! peer that dies is named within the transport's peer timeout.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use uct_core::bootstrap::BootstrapError;
 use uct_core::{AtomicValue, Completion, CompletionData, FetchOp, Status};
 
 use super::clock::Clock;
@@ -22,8 +27,8 @@ use super::params::{Layout, TestKind};
 use super::pattern::{check_pattern, pattern_into};
 use super::session::{Role, Session};
 use super::transfer::{
-    fill_send, flush, host_bytes, is_staged, post_data, post_get, read_buffer, read_recv_u64, spin,
-    wait, write_buffer, Buffer,
+    alive, fill_send, flush, host_bytes, is_staged, post_data, post_get, read_buffer,
+    read_recv_u64, spin, wait, write_buffer, Buffer, Deadline,
 };
 
 /// The process's calibrated clock.
@@ -58,14 +63,59 @@ enum Ctl {
     Done { am_expected: u64 },
     /// Answer: Ok, or the first bad iteration and what was wrong.
     Ack { bad: Option<(u64, String)> },
+    /// Both sides send it, then wait for the other's: a barrier.
+    Ready,
 }
 
 /// The first bad iteration and what was wrong with it.
 type Bad = (u64, String);
 
+/// Waits for the peer's next bootstrap message, progressing the iface and
+/// probing the peer meanwhile: a peer whose host died closes no socket.
+fn await_message(session: &mut Session, what: &str) -> Result<()> {
+    let mut deadline = Deadline::new(what);
+    while !session.ch.poll_readable(Duration::ZERO)? {
+        session.iface.progress();
+        alive(session)?;
+        deadline.tick()?;
+    }
+    Ok(())
+}
+
+/// How long a closed bootstrap connection is given to be explained by the
+/// transport (a few of its liveness probes).
+const EXPLAIN_WITHIN: Duration = Duration::from_millis(200);
+
+/// A bootstrap connection that closed or failed usually means that the
+/// peer process died: the transport's probe then names the peer, which the
+/// bootstrap error cannot.
+fn explain(session: &mut Session, e: PerfError) -> PerfError {
+    if !matches!(
+        e,
+        PerfError::Bootstrap(BootstrapError::Closed | BootstrapError::Io { .. })
+    ) {
+        return e;
+    }
+    let until = Instant::now() + EXPLAIN_WITHIN;
+    while Instant::now() < until {
+        session.iface.progress();
+        if let Err(dead) = session.ep.check() {
+            return dead.into();
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    match session.ch.peer_addr() {
+        Some(addr) => PerfError::Protocol(format!(
+            "the peer perftest at {addr} closed the bootstrap connection ({e}); it exited or was killed"
+        )),
+        None => e,
+    }
+}
+
 /// Sends `msg` to the server and returns its answer.
 fn ctl(session: &mut Session, msg: &Ctl) -> Result<Option<Bad>> {
     session.ch.send_msg(msg)?;
+    await_message(session, "the peer's answer")?;
     match session.ch.recv_msg::<Ctl>()? {
         Ctl::Ack { bad } => Ok(bad),
         other => Err(PerfError::Protocol(format!(
@@ -123,19 +173,28 @@ fn prepare(session: &mut Session, size: usize) -> Result<()> {
         let len = session.recv.len();
         write_buffer(session, Buffer::Recv, len, |bytes| bytes.fill(0))?;
     }
-    session.ch.barrier()?;
-    Ok(())
+    session.ch.send_msg(&Ctl::Ready)?;
+    await_message(session, "the peer to be ready")?;
+    match session.ch.recv_msg::<Ctl>()? {
+        Ctl::Ready => Ok(()),
+        other => Err(PerfError::Protocol(format!(
+            "expected the peer to be ready, got {other:?}"
+        ))),
+    }
 }
 
 /// Runs one phase of `iters` iterations at `size`; the client gets the
 /// measurement.
 pub fn phase(session: &mut Session, size: usize, iters: u64) -> Result<Option<Measurement>> {
-    prepare(session, size)?;
-    let layout = layout_for(session, size)?;
-    match session.role {
-        Role::Client => client(session, size, iters, layout).map(Some),
-        Role::Server => server(session, size, iters, layout).map(|_| None),
-    }
+    let run = |session: &mut Session| {
+        prepare(session, size)?;
+        let layout = layout_for(session, size)?;
+        match session.role {
+            Role::Client => client(session, size, iters, layout).map(Some),
+            Role::Server => server(session, size, iters, layout).map(|_| None),
+        }
+    };
+    run(session).map_err(|e| explain(session, e))
 }
 
 /// Where the ping-pong sequence number lives in the receive buffer.
@@ -152,14 +211,7 @@ fn ping(session: &mut Session, layout: Layout, size: usize, iter: u64) -> Result
     let seq = iter + 1;
     match session.params.test {
         TestKind::AddLat => {
-            let (addr, rkey) = (session.peer_addr, &session.peer_rkey);
-            let ep = session.ep.as_mut();
-            loop {
-                if ep.atomic_add(AtomicValue::U64(1), addr, rkey)? != Status::NoResource {
-                    break;
-                }
-                session.iface.progress();
-            }
+            add_one(session)?;
         }
         TestKind::PutLat => {
             if session.params.validate {
@@ -181,6 +233,23 @@ fn ping(session: &mut Session, layout: Layout, size: usize, iter: u64) -> Result
         }
     }
     Ok(())
+}
+
+/// One non-fetching add of 1 to the peer's counter, posted until accepted.
+fn add_one(session: &mut Session) -> Result<()> {
+    let addr = session.peer_addr;
+    let mut deadline = Deadline::new("room to post an atomic");
+    loop {
+        let status = session
+            .ep
+            .atomic_add(AtomicValue::U64(1), addr, &session.peer_rkey)?;
+        if status != Status::NoResource {
+            return Ok(());
+        }
+        session.iface.progress();
+        alive(session)?;
+        deadline.tick()?;
+    }
 }
 
 /// Waits for ping-pong message `iter` to arrive here.
@@ -256,7 +325,9 @@ impl Samples {
         let clock = clock();
         Samples {
             clock,
-            times: Vec::with_capacity(iters as usize),
+            // Long runs grow the vector as they go rather than reserve
+            // gigabytes up front.
+            times: Vec::with_capacity(iters.min(1 << 24) as usize),
             last: clock.now(),
         }
     }
@@ -299,12 +370,12 @@ fn client_pingpong(
 }
 
 /// Progresses until fewer than `--outstanding` operations of `comp` are in
-/// flight.
-fn within_window(session: &mut Session, comp: &Completion) {
+/// flight (probing the peer even when there are).
+fn within_window(session: &mut Session, comp: &Completion) -> Result<()> {
     let outstanding = session.params.outstanding.max(1);
-    while comp.pending() >= outstanding {
-        session.iface.progress();
-    }
+    spin(session, "room in the window of transfers", |_| {
+        comp.pending() < outstanding
+    })
 }
 
 /// put_bw, am_bw: keep up to `--outstanding` transfers in flight; with
@@ -333,7 +404,7 @@ fn client_stream(
                 }
             }
         }
-        within_window(session, &comp);
+        within_window(session, &comp)?;
         samples.interval();
     }
     wait(session, &comp, "the last transfers")?;
@@ -356,6 +427,7 @@ fn client_gets(session: &mut Session, layout: Layout, size: usize, iters: u64) -
                 return Err(fail(session, size, bad));
             }
         }
+        alive(session)?;
         let posted = samples.now();
         let status = post_get(session, layout, size, &comp)?;
         if latency || validate {
@@ -369,7 +441,7 @@ fn client_gets(session: &mut Session, layout: Layout, size: usize, iters: u64) -
                 check_get(session, layout, &comp, size, iter)?;
             }
         } else {
-            within_window(session, &comp);
+            within_window(session, &comp)?;
         }
         if !latency {
             samples.interval();
@@ -420,7 +492,9 @@ fn client_fetch_atomics(session: &mut Session, size: usize, iters: u64) -> Resul
                 swap: AtomicValue::U64(iter + 1),
             }
         };
+        alive(session)?;
         let posted = samples.now();
+        let mut deadline = Deadline::new("room to post an atomic");
         let status = loop {
             let status = session
                 .ep
@@ -429,6 +503,8 @@ fn client_fetch_atomics(session: &mut Session, size: usize, iters: u64) -> Resul
                 break status;
             }
             session.iface.progress();
+            alive(session)?;
+            deadline.tick()?;
         };
         if status == Status::InProgress {
             wait(session, &comp, "an atomic")?;
@@ -450,18 +526,9 @@ fn client_fetch_atomics(session: &mut Session, size: usize, iters: u64) -> Resul
 /// checks the counter at the end. Samples are the posting intervals.
 fn client_add_rate(session: &mut Session, iters: u64) -> Result<Vec<f64>> {
     let mut samples = Samples::new(iters);
-    let addr = session.peer_addr;
     for _ in 0..iters {
-        loop {
-            if session
-                .ep
-                .atomic_add(AtomicValue::U64(1), addr, &session.peer_rkey)?
-                != Status::NoResource
-            {
-                break;
-            }
-            session.iface.progress();
-        }
+        alive(session)?;
+        add_one(session)?;
         samples.interval();
     }
     flush(session)?;
@@ -477,10 +544,13 @@ fn server(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Res
             ping(session, layout, size, iter)?;
         }
     }
-    // Keep progressing, answer checks, until the client is done.
+    // Keep progressing, answer checks, until the client is done. This wait
+    // is as long as the client's run, which only the client knows; its
+    // bound is the client's liveness (the probe, the bootstrap socket).
     let mut polls = 0u32;
     loop {
         session.iface.progress();
+        alive(session)?;
         polls = polls.wrapping_add(1);
         if !polls.is_multiple_of(64) || !session.ch.poll_readable(Duration::ZERO)? {
             continue;

@@ -72,6 +72,8 @@ pub struct Session {
     /// Validation's way to device memory (or to any memory, with
     /// `--stage-validation`).
     pub stage: Option<super::stage::Stage>,
+    /// Turns of waiting loops, which pace the liveness probes.
+    pub(crate) turns: u32,
     /// Host buffers registered with MDs that do not allocate.
     _buffers: Vec<Box<[u8]>>,
 }
@@ -401,6 +403,7 @@ impl Session {
             ch,
             am,
             stage,
+            turns: 0,
             _buffers: buffers,
         })
     }

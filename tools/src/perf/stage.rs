@@ -79,16 +79,23 @@ fn post_and_wait(
     mut op: impl FnMut(&Completion) -> uct_core::Result<Status>,
 ) -> Result<()> {
     let comp = Completion::new();
+    // The staging endpoint's peer is this iface: no liveness to probe,
+    // only a deadline.
+    let t0 = std::time::Instant::now();
     let st = loop {
         match op(&comp)? {
             Status::NoResource => {
                 iface.progress();
+                if t0.elapsed() > std::time::Duration::from_secs(30) {
+                    return Err(PerfError::Protocol(
+                        "a staging transfer found no room to post in 30 s".into(),
+                    ));
+                }
             }
             st => break st,
         }
     };
     if st == Status::InProgress {
-        let t0 = std::time::Instant::now();
         while !comp.is_complete() {
             iface.progress();
             if t0.elapsed() > std::time::Duration::from_secs(30) {

@@ -2,6 +2,7 @@
 //! bytes of the send and receive buffers (directly, or through staging for
 //! memory the CPU cannot touch), progress until something holds, and
 //! posting a put, get or active message until the transport accepts it.
+//! Every loop here probes the peer's liveness and has a deadline.
 
 use std::time::{Duration, Instant};
 
@@ -70,27 +71,87 @@ pub(super) fn with_host_bytes_mut<R>(
     }
 }
 
-/// Progresses until `done`, failing after a generous bound.
+/// Turns of a waiting or posting loop between two liveness probes of the
+/// endpoint. The transports rate-limit their probe by time, which costs a
+/// clock read per call; counting turns here keeps that read off most turns
+/// of the loops being measured. A turn is at least a progress call, so the
+/// probe still runs many times per millisecond.
+pub(super) const CHECK_EVERY: u32 = 64;
+
+/// How long a wait may go on while the peer looks alive: the bound on
+/// every wait (a dead peer ends it within the transport's peer timeout).
+pub(super) const WAIT_LIMIT: Duration = Duration::from_secs(60);
+
+/// Counts one turn of a loop; every [`CHECK_EVERY`]-th turn asks the
+/// endpoint whether the peer is alive (`Endpoint::check`).
+#[inline]
+pub(super) fn probe(ep: &mut dyn Endpoint, turns: &mut u32) -> Result<()> {
+    *turns = turns.wrapping_add(1);
+    if turns.is_multiple_of(CHECK_EVERY) {
+        ep.check()?;
+    }
+    Ok(())
+}
+
+/// [`probe`] on the session's endpoint.
+#[inline]
+pub(super) fn alive(session: &mut Session) -> Result<()> {
+    probe(session.ep.as_mut(), &mut session.turns)
+}
+
+/// The deadline of one wait. Its clock starts on the wait's 4096th turn,
+/// so that the short waits of a measured loop never read it.
+pub(super) struct Deadline<'a> {
+    what: &'a str,
+    turns: u32,
+    since: Option<Instant>,
+}
+
+impl<'a> Deadline<'a> {
+    pub(super) fn new(what: &'a str) -> Self {
+        Deadline {
+            what,
+            turns: 0,
+            since: None,
+        }
+    }
+
+    /// Counts a turn; an error once the wait has lasted [`WAIT_LIMIT`].
+    #[inline]
+    pub(super) fn tick(&mut self) -> Result<()> {
+        self.turns = self.turns.wrapping_add(1);
+        if self.turns.is_multiple_of(4096) {
+            let since = *self.since.get_or_insert_with(Instant::now);
+            if since.elapsed() > WAIT_LIMIT {
+                return Err(PerfError::Protocol(format!(
+                    "no progress for {} s waiting for {}, though the peer looks alive; it is stuck or overloaded",
+                    WAIT_LIMIT.as_secs(),
+                    self.what
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Progresses until `done`, probing the peer's liveness, within
+/// [`WAIT_LIMIT`]. The probe runs even when `done` holds at once, so that
+/// loops whose operations complete at once (puts into a dead peer's
+/// shared memory) still notice it.
 pub(super) fn spin(
     session: &mut Session,
     what: &str,
     mut done: impl FnMut(&Session) -> bool,
 ) -> Result<()> {
-    let mut polls = 0u32;
-    let mut waiting_since: Option<Instant> = None;
-    while !done(session) {
-        session.iface.progress();
-        polls = polls.wrapping_add(1);
-        if polls.is_multiple_of(4096) {
-            let start = *waiting_since.get_or_insert_with(Instant::now);
-            if start.elapsed() > Duration::from_secs(60) {
-                return Err(PerfError::Protocol(format!(
-                    "no progress for 60 s waiting for {what}; is the peer alive?"
-                )));
-            }
+    let mut deadline = Deadline::new(what);
+    loop {
+        alive(session)?;
+        if done(session) {
+            return Ok(());
         }
+        session.iface.progress();
+        deadline.tick()?;
     }
-    Ok(())
 }
 
 /// Posts with `op` until it is accepted.
@@ -98,10 +159,13 @@ pub(super) fn post(
     session: &mut Session,
     mut op: impl FnMut(&mut dyn Endpoint) -> uct_core::Result<Status>,
 ) -> Result<Status> {
+    let mut deadline = Deadline::new("room to post");
     loop {
         match op(session.ep.as_mut())? {
             Status::NoResource => {
                 session.iface.progress();
+                alive(session)?;
+                deadline.tick()?;
             }
             status => return Ok(status),
         }
@@ -141,10 +205,12 @@ pub(super) fn post_data(
         send,
         peer_rkey: rkey,
         peer_addr: addr,
+        turns,
         ..
     } = session;
     let addr = *addr;
     let data = host_bytes(send, size);
+    let mut deadline = Deadline::new("room to post");
     loop {
         let status = match (test.op(), layout) {
             (Op::Put, Layout::Short) => ep.put_short(data, addr, rkey),
@@ -168,6 +234,8 @@ pub(super) fn post_data(
             return Ok(());
         }
         iface.progress();
+        probe(ep.as_mut(), turns)?;
+        deadline.tick()?;
     }
 }
 
@@ -180,6 +248,7 @@ pub(super) fn post_get(
 ) -> Result<Status> {
     let addr = session.peer_addr;
     let send = session.send.clone();
+    let mut deadline = Deadline::new("room to post a get");
     loop {
         let rkey = &session.peer_rkey;
         let status = match layout {
@@ -198,6 +267,8 @@ pub(super) fn post_get(
             return Ok(status);
         }
         session.iface.progress();
+        alive(session)?;
+        deadline.tick()?;
     }
 }
 
