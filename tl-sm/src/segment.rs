@@ -1,12 +1,18 @@
-//! Shared-memory segments: a named POSIX shm object with a header page the
-//! owner writes (state, secret, range, rights) and the data after it.
-//! A peer maps the segment by the name in the rkey and checks the header
-//! before every access, so a region that was freed, a wrong secret, an
-//! access outside the range or without the right is refused.
+//! Shared-memory segments of the posix transport: a memfd with a header
+//! page the owner writes (state, secret, range, rights) and the data after
+//! it. The owner keeps the memfd open; a peer opens it as
+//! `/proc/<pid>/fd/<fd>` (the rkey or the iface address carries pid and fd)
+//! and checks the header before every access, so a region that was freed, a
+//! wrong secret (an fd number reused for another segment), an access outside
+//! the range or without the right is refused.
 //!
-//! Both sm transports use them: posix for its memory and its receive rings
-//! (named segments), cma for its registration-record table (an anonymous
-//! segment, [`Mapping::create_anonymous`]).
+//! The kernel enforces what the header cannot. Every segment is sealed
+//! against shrinking and growing, and a peer maps one only after checking
+//! those seals and its size, so its owner cannot cut pages from under a
+//! peer's mapping (SIGBUS). A segment peers may only read is also sealed
+//! against new writable mappings (`F_SEAL_FUTURE_WRITE`, after the owner's
+//! own mapping), and peers map it `PROT_READ`: no peer can write it, or
+//! rewrite its header, whatever it does.
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -47,6 +53,13 @@ pub struct View {
     valid: bool,
 }
 
+impl View {
+    /// Whether the secret matched and the header's range fits the mapping.
+    pub fn is_valid(&self) -> bool {
+        self.valid
+    }
+}
+
 /// A mapping of a segment, owned or opened: `size` bytes at `ptr`, the
 /// header first and the data from [`HEADER_SPACE`] on. Every constructor
 /// makes sure `size >= HEADER_SPACE`.
@@ -54,7 +67,36 @@ pub struct View {
 pub struct Mapping {
     ptr: NonNull<u8>,
     size: usize,
+    /// Mapped PROT_WRITE; a read-only mapping grants no write or atomic,
+    /// whatever its header says.
+    writable: bool,
 }
+
+/// What peers may do with a segment, enforced by the kernel: how the owner
+/// seals it and how a peer maps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peers {
+    /// Peers map it read-write (memory they may put to or run atomics on,
+    /// and receive rings).
+    ReadWrite,
+    /// Peers map it read-only; the owner seals it against any new writable
+    /// mapping.
+    ReadOnly,
+}
+
+impl Peers {
+    /// How peers must map memory granting `access`.
+    pub fn for_access(access: Access) -> Peers {
+        if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) {
+            Peers::ReadWrite
+        } else {
+            Peers::ReadOnly
+        }
+    }
+}
+
+/// The seals every segment has: its size is fixed.
+const SIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
 
 // SAFETY: a Mapping owns its mmap region (unmapped once, in Drop) and holds
 // no reference into it: the header is read and written through atomics
@@ -72,9 +114,9 @@ fn os_err(what: &str) -> UctError {
 /// Takes ownership of the descriptor a call that opens one returned.
 ///
 /// # Safety
-/// `raw` must be the return value of such a call (shm_open, open,
-/// memfd_create) made just before, with errno untouched since: a new
-/// descriptor nothing else owns, or -1 with errno set.
+/// `raw` must be the return value of such a call (open, memfd_create) made
+/// just before, with errno untouched since: a new descriptor nothing else
+/// owns, or -1 with errno set.
 unsafe fn fd_from_call(raw: libc::c_int) -> std::io::Result<OwnedFd> {
     if raw < 0 {
         return Err(std::io::Error::last_os_error());
@@ -94,8 +136,8 @@ fn set_size(fd: BorrowedFd<'_>, size: usize) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The size of the object behind `fd`.
-fn size_of_fd(fd: BorrowedFd<'_>) -> std::io::Result<usize> {
+/// The size of the object behind `fd`, if it is a regular file.
+fn regular_size(fd: BorrowedFd<'_>) -> std::io::Result<Option<usize>> {
     let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: fd is an open descriptor borrowed for the call; fstat writes
     // one struct stat into `stat`, which has room for it.
@@ -104,29 +146,70 @@ fn size_of_fd(fd: BorrowedFd<'_>) -> std::io::Result<usize> {
     }
     // SAFETY: fstat succeeded, so it initialised the whole struct.
     let stat = unsafe { stat.assume_init() };
-    Ok(stat.st_size.max(0) as usize)
+    let regular = stat.st_mode & libc::S_IFMT == libc::S_IFREG;
+    Ok(regular.then(|| usize::try_from(stat.st_size).unwrap_or(0)))
 }
 
-fn c_name(name: &str) -> Result<CString, UctError> {
-    if !name.starts_with('/') || name.len() > 200 || name[1..].contains('/') {
-        return Err(UctError::BadRkey(format!(
-            "'{name}' is not a shared-memory segment name"
-        )));
+/// `fcntl(fd, cmd, arg)` for the seal commands.
+fn seal_op(fd: BorrowedFd<'_>, cmd: libc::c_int, arg: libc::c_int) -> std::io::Result<libc::c_int> {
+    // SAFETY: F_ADD_SEALS and F_GET_SEALS take an int and touch no memory
+    // of this process; fd is open for the call.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), cmd, arg) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    CString::new(name).map_err(|_| UctError::BadRkey("segment name contains a nul byte".into()))
+    Ok(r)
+}
+
+/// Seals a new segment: its size always, and for [`Peers::ReadOnly`] every
+/// writable mapping made after the owner's. A kernel without
+/// F_SEAL_FUTURE_WRITE (before 5.1) leaves the rights to the header check,
+/// said once in the log.
+fn seal(fd: BorrowedFd<'_>, peers: Peers) -> Result<(), UctError> {
+    let seals = SIZE_SEALS | libc::F_SEAL_SEAL;
+    if peers == Peers::ReadOnly {
+        match seal_op(fd, libc::F_ADD_SEALS, seals | libc::F_SEAL_FUTURE_WRITE) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    log::warn!(
+                        "posix: this kernel cannot seal memory against peers' writes \
+                         (F_SEAL_FUTURE_WRITE needs Linux 5.1); read-only regions are \
+                         protected by the segment header check only"
+                    )
+                });
+            }
+            Err(e) => return Err(UctError::io("posix: seal a read-only segment", e)),
+        }
+    }
+    seal_op(fd, libc::F_ADD_SEALS, seals)
+        .map(|_| ())
+        .map_err(|e| UctError::io("posix: seal a segment", e))
 }
 
 impl Mapping {
-    /// Maps `size` bytes of `fd`, shared and writable. The caller makes
-    /// sure `size >= HEADER_SPACE`.
-    fn map(fd: BorrowedFd<'_>, size: usize, what: &str) -> Result<Mapping, UctError> {
+    /// Maps `size` bytes of `fd`, shared, writable or not. The caller makes
+    /// sure `size >= HEADER_SPACE` and that the object has that many bytes
+    /// for as long as the mapping lives (a sealed size).
+    fn map(
+        fd: BorrowedFd<'_>,
+        size: usize,
+        writable: bool,
+        what: &str,
+    ) -> Result<Mapping, UctError> {
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
         // SAFETY: mapping a descriptor borrowed for the call; the kernel
         // picks a fresh address, so no existing memory is replaced.
         let addr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 size,
-                libc::PROT_READ | libc::PROT_WRITE,
+                prot,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
                 0,
@@ -138,53 +221,45 @@ impl Mapping {
         Ok(Mapping {
             ptr: NonNull::new(addr as *mut u8).ok_or_else(|| os_err(what))?,
             size,
+            writable,
         })
     }
 
-    /// Creates segment `name` with `len` bytes of data, owned by this
-    /// process, and maps it.
+    /// Creates a segment with `len` bytes of data, owned by this process:
+    /// a memfd (named `label` in /proc/<pid>/maps), mapped read-write here,
+    /// its header written, then sealed for `peers`. Peers open it through
+    /// the returned descriptor, which the owner keeps open for as long as
+    /// they may.
     pub fn create(
-        name: &str,
+        label: &str,
         len: usize,
         secret: u64,
         access: Access,
-    ) -> Result<Mapping, UctError> {
-        let cname = c_name(name)?;
+        peers: Peers,
+    ) -> Result<(Mapping, OwnedFd), UctError> {
         let size = HEADER_SPACE
             .checked_add(len.max(1))
             .ok_or_else(|| UctError::InvalidParam(format!("cannot allocate {len} bytes")))?;
-        // SAFETY: a valid nul-terminated name; O_EXCL so a name is never
-        // reused; shm_open returns a new descriptor or -1 with errno set.
+        let clabel =
+            CString::new(label).map_err(|_| UctError::InvalidParam("memfd label".into()))?;
+        // SAFETY: a valid nul-terminated label; memfd_create returns a new
+        // descriptor or -1 with errno set.
         let fd = unsafe {
-            fd_from_call(libc::shm_open(
-                cname.as_ptr(),
-                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-                0o600,
+            fd_from_call(libc::memfd_create(
+                clabel.as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
             ))
         }
-        .map_err(|e| {
-            UctError::io(
-                format!("posix: create shared memory {name} (is /dev/shm mounted and writable?)"),
-                e,
-            )
+        .map_err(|e| UctError::io("posix: memfd_create for a segment", e))?;
+        set_size(fd.as_fd(), size).map_err(|e| {
+            UctError::NoMemory(format!(
+                "posix: sizing a {size}-byte segment failed: {e}; memory is short"
+            ))
         })?;
-        let mapped = match set_size(fd.as_fd(), size) {
-            Err(e) => Err(UctError::NoMemory(format!(
-                "posix: sizing {name} to {size} bytes failed: {e}; /dev/shm may be full"
-            ))),
-            Ok(()) => Mapping::map(fd.as_fd(), size, "posix: map a new segment"),
-        };
-        // The mapping keeps the segment; the descriptor is closed here.
-        drop(fd);
-        let mapping = match mapped {
-            Ok(mapping) => mapping,
-            Err(e) => {
-                unlink(name);
-                return Err(e);
-            }
-        };
+        let mapping = Mapping::map(fd.as_fd(), size, true, "posix: map a new segment")?;
         mapping.init_header(secret, len, access);
-        Ok(mapping)
+        seal(fd.as_fd(), peers)?;
+        Ok((mapping, fd))
     }
 
     fn init_header(&self, secret: u64, len: usize, access: Access) {
@@ -200,110 +275,67 @@ impl Mapping {
         header.magic.store(MAGIC, Ordering::Release);
     }
 
-    /// An anonymous segment (memfd): peers open it as
-    /// `/proc/<pid>/fd/<fd>` (which needs the same permission as cma), and
-    /// it disappears with its last user, even if the owner is killed.
-    pub fn create_anonymous(
-        label: &str,
-        len: usize,
-    ) -> Result<(Mapping, OwnedFd, String), UctError> {
-        let size = HEADER_SPACE
-            .checked_add(len.max(1))
-            .ok_or_else(|| UctError::InvalidParam(format!("cannot allocate {len} bytes")))?;
-        let clabel =
-            CString::new(label).map_err(|_| UctError::InvalidParam("memfd label".into()))?;
-        // SAFETY: a valid nul-terminated label; memfd_create returns a new
-        // descriptor or -1 with errno set.
-        let fd = unsafe { fd_from_call(libc::memfd_create(clabel.as_ptr(), libc::MFD_CLOEXEC)) }
-            .map_err(|e| UctError::io("memfd_create", e))?;
-        set_size(fd.as_fd(), size)
-            .map_err(|e| UctError::NoMemory(format!("sizing a {size}-byte memfd failed: {e}")))?;
-        let mapping = Mapping::map(fd.as_fd(), size, "map a memfd")?;
-        mapping.init_header(0, len, Access::empty());
-        let path = format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd());
-        Ok((mapping, fd, path))
-    }
-
-    /// Maps a peer's anonymous segment through its `/proc/<pid>/fd/<fd>`
-    /// path; nothing else is opened, whatever the peer sent.
-    pub fn open_path(path: &str, region_id: u64) -> Result<Mapping, UctError> {
-        let ok = path
-            .strip_prefix("/proc/")
-            .and_then(|rest| rest.split_once("/fd/"))
-            .is_some_and(|(pid, fd)| {
-                !pid.is_empty()
-                    && !fd.is_empty()
-                    && pid.bytes().all(|b| b.is_ascii_digit())
-                    && fd.bytes().all(|b| b.is_ascii_digit())
-            });
-        if !ok {
-            return Err(UctError::BadRkey(format!(
-                "'{path}' is not a /proc/<pid>/fd/<fd> path"
+    /// Maps the segment that process `pid` keeps open as descriptor `fd`,
+    /// as `peers` says (read-write or read-only), after checking that it is
+    /// one: a memfd sealed against shrinking and growing, large enough for
+    /// the header, with the magic. A missing descriptor was closed by its
+    /// owner: [`UctError::NoSuchRegion`] with `region_id`.
+    pub fn open(pid: u32, fd: u32, region_id: u64, peers: Peers) -> Result<Mapping, UctError> {
+        let path = format!("/proc/{pid}/fd/{fd}");
+        let cpath = CString::new(path.as_str()).map_err(|_| UctError::BadRkey(path.clone()))?;
+        let mode = match peers {
+            Peers::ReadWrite => libc::O_RDWR,
+            Peers::ReadOnly => libc::O_RDONLY,
+        };
+        // SAFETY: a valid nul-terminated path; open returns a new descriptor
+        // or -1 with errno set. O_NONBLOCK: a descriptor that names a FIFO
+        // must not block us; O_NOCTTY: nor become our terminal.
+        let file = unsafe {
+            fd_from_call(libc::open(
+                cpath.as_ptr(),
+                mode | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK,
+            ))
+        }
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ESRCH) => UctError::NoSuchRegion { region_id },
+            Some(libc::EACCES) | Some(libc::EPERM) => UctError::EndpointFailed(format!(
+                "not permitted to open {path} (ptrace rules: different user, or /proc/sys/kernel/yama/ptrace_scope > 1)"
+            )),
+            _ => UctError::io(format!("posix: open {path}"), e),
+        })?;
+        let not_a_segment =
+            |why: String| UctError::BadRkey(format!("{path} is not a sealed uct segment: {why}"));
+        // Sealed first, then sized: seals cannot be removed, so the size
+        // read after them is the size for good.
+        let seals = seal_op(file.as_fd(), libc::F_GET_SEALS, 0)
+            .map_err(|e| not_a_segment(format!("no seals ({e})")))?;
+        if seals & SIZE_SEALS != SIZE_SEALS {
+            return Err(not_a_segment(format!(
+                "seals {seals:#x} lack F_SEAL_SHRINK|F_SEAL_GROW, so its owner could shrink it under our mapping"
             )));
         }
-        let cpath =
-            CString::new(path).map_err(|_| UctError::BadRkey("path contains a nul byte".into()))?;
-        // SAFETY: a valid nul-terminated path; open returns a new
-        // descriptor or -1 with errno set.
-        let fd = unsafe { fd_from_call(libc::open(cpath.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC)) }
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::ENOENT) => UctError::NoSuchRegion { region_id },
-                Some(libc::EACCES) | Some(libc::EPERM) => UctError::EndpointFailed(format!(
-                    "not permitted to open {path} (ptrace rules: different user, or /proc/sys/kernel/yama/ptrace_scope > 0)"
-                )),
-                _ => UctError::io(format!("open {path}"), e),
-            })?;
-        Mapping::map_existing(
-            fd.as_fd(),
-            ["stat a peer's segment", "map a peer's segment"],
-            path,
-            path,
-        )
-    }
-
-    /// Maps an existing segment by name; a missing one was deregistered.
-    pub fn open(name: &str, region_id: u64) -> Result<Mapping, UctError> {
-        let cname = c_name(name)?;
-        // SAFETY: a valid nul-terminated name; shm_open returns a new
-        // descriptor or -1 with errno set.
-        let fd = unsafe { fd_from_call(libc::shm_open(cname.as_ptr(), libc::O_RDWR, 0)) }.map_err(
-            |e| {
-                if e.raw_os_error() == Some(libc::ENOENT) {
-                    UctError::NoSuchRegion { region_id }
-                } else {
-                    UctError::io(format!("posix: open shared memory {name}"), e)
-                }
-            },
-        )?;
-        // The mapping keeps the segment; the descriptor is closed on return.
-        Mapping::map_existing(
-            fd.as_fd(),
-            ["posix: stat a segment", "posix: map a peer's segment"],
-            &format!("segment {name}"),
-            name,
-        )
-    }
-
-    /// Maps the whole existing segment behind `fd` after checking that it
-    /// is one: large enough for the header, with the magic. `what` says what
-    /// failed for the stat and the map; `sized` and `named` name the
-    /// segment in the errors for its size and its magic.
-    fn map_existing(
-        fd: BorrowedFd<'_>,
-        what: [&str; 2],
-        sized: &str,
-        named: &str,
-    ) -> Result<Mapping, UctError> {
-        let [stat_what, map_what] = what;
-        let size = size_of_fd(fd).map_err(|e| UctError::io(stat_what, e))?;
+        let size = regular_size(file.as_fd())
+            .map_err(|e| UctError::io(format!("posix: stat {path}"), e))?
+            .ok_or_else(|| not_a_segment("not a regular file".into()))?;
         if size < HEADER_SPACE {
-            return Err(UctError::BadRkey(format!(
-                "{sized} is too small to be a uct segment"
-            )));
+            return Err(not_a_segment(format!("{size} bytes, less than its header")));
         }
-        let mapping = Mapping::map(fd, size, map_what)?;
+        if peers == Peers::ReadWrite
+            && seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0
+        {
+            return Err(UctError::AccessDenied {
+                needed: Access::REMOTE_WRITE,
+                granted: Access::REMOTE_READ,
+            });
+        }
+        let mapping = Mapping::map(
+            file.as_fd(),
+            size,
+            peers == Peers::ReadWrite,
+            "posix: map a peer's segment",
+        )?;
         if mapping.header().magic.load(Ordering::Acquire) != MAGIC {
-            return Err(UctError::BadRkey(format!("{named} is not a uct segment")));
+            return Err(not_a_segment("no uct segment magic".into()));
         }
         Ok(mapping)
     }
@@ -320,7 +352,9 @@ impl Mapping {
         // page-aligned address, which satisfies SegHeader's 8-byte
         // alignment; SegHeader is all atomics, so other processes writing it
         // at the same time is no data race; the memory stays mapped until
-        // Drop, which the returned borrow of self outlives.
+        // Drop, which the returned borrow of self outlives. A read-only
+        // mapping's header is only loaded (plain loads of aligned u64s),
+        // never stored to (mark_dead checks).
         unsafe { &*(self.ptr.as_ptr() as *const SegHeader) }
     }
 
@@ -331,9 +365,30 @@ impl Mapping {
         unsafe { self.ptr.as_ptr().add(HEADER_SPACE) }
     }
 
+    /// The rights the header grants, less what this mapping cannot do: a
+    /// read-only mapping never writes, whatever the header says.
+    fn granted(&self) -> Access {
+        let granted =
+            Access::from_bits_truncate(self.header().access.load(Ordering::Relaxed) as u8);
+        if self.writable {
+            granted
+        } else {
+            granted - (Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+        }
+    }
+
+    /// Whether this mapping may be written.
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
     /// Marks the segment freed: peers that still map it are refused.
     pub fn mark_dead(&self) {
-        self.header().state.store(DEAD, Ordering::Release);
+        // Only owners mark, through their writable mapping; a store to a
+        // read-only one would fault.
+        if self.writable {
+            self.header().state.store(DEAD, Ordering::Release);
+        }
     }
 
     /// Whether the owner freed the segment (or never finished creating it).
@@ -349,7 +404,7 @@ impl Mapping {
         View {
             base: header.base.load(Ordering::Relaxed),
             len,
-            granted: header.access.load(Ordering::Relaxed) as u8,
+            granted: self.granted().bits(),
             valid: header.secret.load(Ordering::Relaxed) == secret
                 && (HEADER_SPACE as u64).saturating_add(len) <= self.size as u64,
         }
@@ -406,7 +461,7 @@ impl Mapping {
         }
         let base = header.base.load(Ordering::Relaxed);
         let region_len = header.len.load(Ordering::Relaxed);
-        let granted = Access::from_bits_truncate(header.access.load(Ordering::Relaxed) as u8);
+        let granted = self.granted();
         if !granted.contains(needed) {
             return UctError::AccessDenied { needed, granted };
         }
@@ -424,39 +479,6 @@ impl Drop for Mapping {
         // SAFETY: unmapping exactly the `size` bytes at `ptr` that `map`
         // mapped, once; no borrow of the mapping outlives self.
         unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.size) };
-    }
-}
-
-/// Removes a segment name (the mapping lives on until unmapped).
-pub fn unlink(name: &str) {
-    if let Ok(cname) = c_name(name) {
-        // SAFETY: a valid nul-terminated name, alive for the call.
-        unsafe { libc::shm_unlink(cname.as_ptr()) };
-    }
-}
-
-/// Removes segments left by processes of this tool that died without
-/// cleaning up (`/dev/shm/uct-*-<pid>-*` of a pid that no longer exists).
-pub fn remove_stale() {
-    let Ok(entries) = std::fs::read_dir("/dev/shm") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(rest) = name.strip_prefix("uct-") else {
-            continue;
-        };
-        let mut parts = rest.split('-');
-        let (Some(_purpose), Some(pid)) = (parts.next(), parts.next()) else {
-            continue;
-        };
-        if let Ok(pid) = pid.parse::<u32>() {
-            if !crate::host::pid_alive(pid) {
-                log::debug!("posix: removing stale segment /dev/shm/{name}");
-                unlink(&format!("/{name}"));
-            }
-        }
     }
 }
 

@@ -16,7 +16,7 @@ use super::fifo::{Push, Ring, SLOT_DATA};
 use super::iface::{SegmentCache, MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
 use super::PosixRkey;
 use crate::host;
-use crate::segment::{Mapping, View};
+use crate::segment::{Mapping, Peers, View};
 
 /// A posix endpoint: the peer iface's receive ring, the peer's pid, and
 /// the iface's cache of mapped peer segments.
@@ -45,20 +45,30 @@ impl PosixEp {
     }
 
     /// The segment of `key`, mapped once per key (and once per iface for
-    /// keys of the same segment).
+    /// keys of the same segment), read-only unless the key grants writes or
+    /// atomics.
     fn mapping<'k>(&self, key: &'k PosixRkey) -> Result<&'k (Arc<Mapping>, View)> {
+        if key.pid != self.pid {
+            return Err(UctError::BadRkey(format!(
+                "the rkey names memory of process {}, but this posix endpoint reaches process {}; use it on an endpoint to {}",
+                key.pid, self.pid, key.pid
+            )));
+        }
         if let Some(mapped) = key.mapping.get() {
             return Ok(mapped);
         }
+        let peers = Peers::for_access(key.soft.access);
+        let id = (key.pid, key.fd, peers == Peers::ReadWrite);
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let mapping = match cache.get(&key.segment) {
+        let mapping = match cache.get(&id) {
             Some(mapping) if !mapping.is_dead() => mapping.clone(),
             _ => {
-                // Not mapped yet, or freed by its owner: opening the name
-                // again fails for a freed segment.
-                cache.remove(&key.segment);
-                let mapping = Arc::new(Mapping::open(&key.segment, key.soft.region_id)?);
-                cache.insert(key.segment.clone(), mapping.clone());
+                // Not mapped yet, or freed by its owner: the descriptor is
+                // closed (NoSuchRegion) or now holds another segment (whose
+                // secret differs).
+                cache.remove(&id);
+                let mapping = Arc::new(Mapping::open(key.pid, key.fd, key.soft.region_id, peers)?);
+                cache.insert(id, mapping.clone());
                 mapping
             }
         };

@@ -2,6 +2,7 @@
 //! have mapped.
 
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 use uct_core::{
@@ -13,7 +14,7 @@ use super::component::TRANSPORT_NAME;
 use super::ep::PosixEp;
 use super::fifo::{self, Ring, SLOT_DATA};
 use crate::host;
-use crate::segment::{self, Mapping};
+use crate::segment::{Mapping, Peers};
 
 pub(crate) const MAX_SHORT: usize = SLOT_DATA;
 pub(crate) const MAX_BCOPY: usize = 64 * 1024;
@@ -21,8 +22,45 @@ pub(crate) const MAX_ZCOPY: usize = 1 << 30;
 pub(crate) const MAX_IOV: usize = 16;
 pub(crate) const MAX_AM_HEADER: usize = 256;
 
-/// Peer segments mapped so far, by name.
-pub(crate) type SegmentCache = Arc<Mutex<HashMap<String, Arc<Mapping>>>>;
+/// Peer segments mapped so far, by owner pid, descriptor and whether the
+/// mapping is writable.
+pub(crate) type SegmentCache = Arc<Mutex<HashMap<(u32, u32, bool), Arc<Mapping>>>>;
+
+/// A posix iface address: the descriptor of the ring's segment in the
+/// owner (the device address carries its pid) and the secret in the
+/// segment's header, which tells this ring from a later one on the same
+/// descriptor number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingAddress {
+    /// The owner's descriptor of the ring's segment.
+    pub fd: u32,
+    /// The secret in the segment's header.
+    pub secret: u64,
+}
+
+impl RingAddress {
+    /// Bytes of an encoded address.
+    pub const LEN: usize = 12;
+
+    /// The address as bytes: fd then secret, little-endian.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut bytes = self.fd.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&self.secret.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes [`encode`](Self::encode)'s bytes; anything else is `None`.
+    pub fn decode(bytes: &[u8]) -> Option<RingAddress> {
+        if bytes.len() != Self::LEN {
+            return None;
+        }
+        let (fd, secret) = bytes.split_at(4);
+        Some(RingAddress {
+            fd: u32::from_le_bytes(fd.try_into().ok()?),
+            secret: u64::from_le_bytes(secret.try_into().ok()?),
+        })
+    }
+}
 
 fn attrs() -> IfaceAttrs {
     IfaceAttrs {
@@ -62,19 +100,21 @@ fn attrs() -> IfaceAttrs {
         latency_ns: 80.0,
         bandwidth_bps: 12.0e9,
         overhead_ns: 10.0,
-        iface_addr_len: 64,
+        iface_addr_len: RingAddress::LEN,
         device_addr_len: host::device_address().len(),
         ep_addr_len: 0,
     }
 }
 
 /// A posix iface: the receive ring its peers push active messages into
-/// (a segment named by its iface address), its handlers, and the peer
+/// (a segment its iface address names), its handlers, and the peer
 /// segments its endpoints have mapped.
 pub struct PosixIface {
     md: Arc<dyn MemoryDomain>,
     ring: Ring,
-    ring_name: String,
+    /// Keeps the ring's segment open for peers.
+    ring_fd: OwnedFd,
+    address: RingAddress,
     attrs: IfaceAttrs,
     handlers: AmHandlers,
     cache: SegmentCache,
@@ -82,18 +122,23 @@ pub struct PosixIface {
 
 impl PosixIface {
     pub(crate) fn open(md: Arc<dyn MemoryDomain>) -> Result<PosixIface> {
-        let ring_name = format!(
-            "/uct-fifo-{}-{:016x}{:016x}",
-            std::process::id(),
-            host::random_u64(),
-            host::random_u64()
-        );
-        let mapping =
-            Mapping::create(&ring_name, fifo::ring_bytes(), 0, uct_core::Access::empty())?;
+        let secret = host::random_u64();
+        let (mapping, ring_fd) = Mapping::create(
+            "uct-posix-ring",
+            fifo::ring_bytes(),
+            secret,
+            uct_core::Access::empty(),
+            Peers::ReadWrite,
+        )?;
+        let address = RingAddress {
+            fd: ring_fd.as_raw_fd() as u32,
+            secret,
+        };
         Ok(PosixIface {
             md,
             ring: Ring::init(mapping)?,
-            ring_name,
+            ring_fd,
+            address,
             attrs: attrs(),
             handlers: AmHandlers::new(TRANSPORT_NAME),
             cache: Arc::default(),
@@ -103,9 +148,38 @@ impl PosixIface {
 
 impl Drop for PosixIface {
     fn drop(&mut self) {
+        // Peers that still map the ring see it closed; the descriptor closes
+        // after this, so no new peer opens it.
         self.ring.mapping().mark_dead();
-        segment::unlink(&self.ring_name);
+        let _ = &self.ring_fd;
     }
+}
+
+/// Maps the ring of process `pid` at `addr` and checks that it is the one
+/// the address names: its secret, its geometry, its owner.
+fn attach(pid: u32, addr: RingAddress) -> Result<Ring> {
+    let mapping = Mapping::open(pid, addr.fd, 0, Peers::ReadWrite).map_err(|e| match e {
+        UctError::NoSuchRegion { .. } => {
+            UctError::Unreachable(format!("the posix iface of process {pid} is closed"))
+        }
+        UctError::BadRkey(why) => {
+            UctError::Unreachable(format!("process {pid}'s posix iface address: {why}"))
+        }
+        other => other,
+    })?;
+    if !mapping.view(addr.secret).is_valid() || mapping.is_dead() {
+        return Err(UctError::Unreachable(format!(
+            "the posix iface address names no open ring of process {pid} (a closed iface whose descriptor was reused?)"
+        )));
+    }
+    let ring = Ring::attach(mapping)?;
+    if ring.owner_pid() != pid {
+        return Err(UctError::Unreachable(format!(
+            "the posix ring at that address belongs to process {}, not {pid}",
+            ring.owner_pid()
+        )));
+    }
+    Ok(ring)
 }
 
 impl Iface for PosixIface {
@@ -130,7 +204,7 @@ impl Iface for PosixIface {
     }
 
     fn iface_address(&self) -> Vec<u8> {
-        self.ring_name.as_bytes().to_vec()
+        self.address.encode()
     }
 
     fn is_reachable(&self, device_addr: &[u8], _iface_addr: &[u8]) -> bool {
@@ -154,20 +228,14 @@ impl Iface for PosixIface {
                 "the peer is on another host; posix reaches processes on this host only, use tcp or rc".into(),
             ));
         }
-        let name = std::str::from_utf8(&iface_addr)
-            .map_err(|_| UctError::InvalidParam("not a posix iface address".into()))?;
-        let mapping = Mapping::open(name, 0).map_err(|e| match e {
-            UctError::NoSuchRegion { .. } => {
-                UctError::Unreachable(format!("posix peer iface {name} is closed"))
-            }
-            other => other,
+        let addr = RingAddress::decode(&iface_addr).ok_or_else(|| {
+            UctError::InvalidParam(format!(
+                "a posix iface address has {} bytes, not {}",
+                RingAddress::LEN,
+                iface_addr.len()
+            ))
         })?;
-        let ring = Ring::attach(mapping)?;
-        if ring.owner_pid() != pid {
-            return Err(UctError::Unreachable(
-                "the posix peer address names another process".into(),
-            ));
-        }
+        let ring = attach(pid, addr)?;
         Ok(Box::new(PosixEp::new(ring, pid, self.cache.clone())))
     }
 

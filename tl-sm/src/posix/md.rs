@@ -1,7 +1,9 @@
-//! The posix memory domain: allocates memory as named shared-memory
-//! segments, whose names travel in the rkey so that peers can map them.
+//! The posix memory domain: allocates memory as sealed memfd segments
+//! ([`crate::segment`]), which peers open through the owner's pid and
+//! descriptor number in the rkey.
 
 use std::any::Any;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
@@ -14,7 +16,7 @@ use uct_core::{
 };
 
 use crate::rkey::{backing_of, new_soft_key, SmRkey};
-use crate::segment::{self, Mapping, View};
+use crate::segment::{Mapping, Peers, View};
 
 /// The memory domain's name.
 pub const MD_NAME: &str = "posix";
@@ -25,8 +27,12 @@ pub const MD_NAME: &str = "posix";
 pub struct PosixRkey {
     /// Region id, secret, the owner's range and rights.
     pub soft: SoftRkey,
-    /// Name of the segment to map.
-    pub segment: String,
+    /// The owner's pid.
+    pub pid: u32,
+    /// The owner's descriptor of the segment: peers open
+    /// `/proc/<pid>/fd/<fd>`. Descriptor numbers are reused, so the secret
+    /// is what tells this segment from a later one.
+    pub fd: u32,
     /// The segment and its fixed header fields, once an endpoint has mapped
     /// it: later accesses through this key only check that it is alive.
     #[serde(skip)]
@@ -45,18 +51,18 @@ pub struct PosixMd {
 }
 
 impl PosixMd {
-    /// The posix MD of component `component`; removes the segments that
-    /// dead processes left behind first.
+    /// The posix MD of component `component`. (Its segments are memfds,
+    /// which vanish with their last user: nothing is left to clean up.)
     pub fn new(component: &'static str) -> Self {
-        segment::remove_stale();
         PosixMd { component }
     }
 }
 
-/// An allocated segment: marked dead and unlinked when dropped.
+/// An allocated segment: marked dead when dropped, then unmapped and its
+/// descriptor closed.
 struct PosixBacking {
     map: Mapping,
-    name: String,
+    fd: OwnedFd,
     key: SoftRkey,
 }
 
@@ -70,7 +76,6 @@ impl Drop for PosixBacking {
     fn drop(&mut self) {
         // Peers that still map it see it dead before it goes away.
         self.map.mark_dead();
-        segment::unlink(&self.name);
     }
 }
 
@@ -108,14 +113,9 @@ impl MemoryDomain for PosixMd {
                 hint: "it allocates host shared memory only; device memory needs an RDMA NIC with DMA-buf support".into(),
             });
         }
-        let name = format!(
-            "/uct-posix-{}-{:016x}{:016x}",
-            std::process::id(),
-            crate::host::random_u64(),
-            crate::host::random_u64()
-        );
         let secret = crate::host::random_u64();
-        let map = Mapping::create(&name, len, secret, access)?;
+        let (map, fd) =
+            Mapping::create("uct-posix", len, secret, access, Peers::for_access(access))?;
         let addr = map.data_ptr() as u64;
         let key = new_soft_key(secret, addr, len, access);
         // SAFETY: `map` is a live mapping of `len` data bytes at `addr`,
@@ -127,7 +127,7 @@ impl MemoryDomain for PosixMd {
                 MemoryType::Host,
                 access,
                 MD_NAME,
-                Box::new(PosixBacking { map, name, key }),
+                Box::new(PosixBacking { map, fd, key }),
             )
         })
     }
@@ -139,7 +139,8 @@ impl MemoryDomain for PosixMd {
             md: MD_NAME.into(),
             payload: encode_payload(&PosixRkey {
                 soft: backing.key,
-                segment: backing.name.clone(),
+                pid: std::process::id(),
+                fd: backing.fd.as_raw_fd() as u32,
                 mapping: OnceLock::new(),
             })?,
         })

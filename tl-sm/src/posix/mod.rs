@@ -1,8 +1,9 @@
-//! The posix transport: memory in named shared-memory segments
-//! ([`crate::segment`]) that peers on the same host map through the rkey;
-//! put and get are copies into the mapped segment after the owner's header
-//! is checked; active messages go through the receiver's lock-free ring
-//! ([`fifo`]); atomics work on the mapping.
+//! The posix transport: memory in sealed memfd segments
+//! ([`crate::segment`]) that peers on the same host open through the
+//! owner's pid and descriptor in the rkey; put and get are copies into the
+//! mapped segment after the owner's header is checked; active messages go
+//! through the receiver's lock-free ring ([`fifo`]); atomics work on the
+//! mapping.
 
 pub mod component;
 mod ep;
@@ -10,5 +11,5 @@ pub mod fifo;
 mod iface;
 mod md;
 
-pub use iface::PosixIface;
+pub use iface::{PosixIface, RingAddress};
 pub use md::{PosixMd, PosixRkey, MD_NAME};

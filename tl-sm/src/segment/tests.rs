@@ -1,8 +1,8 @@
 //! Segments in this process: an owner's mapping and a peer's mapping of the
-//! same segment (by name, or by `/proc/self/fd` path) stand in for two
-//! processes. Every name is unique to this process and test, and unlinked
-//! when the test ends.
+//! same segment (through `/proc/<our pid>/fd/<fd>`, as a peer opens it)
+//! stand in for two processes.
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 
 use uct_core::{Access, UctError};
@@ -12,29 +12,26 @@ use super::*;
 const SECRET: u64 = 0x5eed_1234_abcd_0042;
 const REGION: u64 = 77;
 
-/// A segment name of this process, unlinked when dropped.
-struct Name(String);
-
-impl Name {
-    fn new(tag: &str) -> Name {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, AtomicOrdering::Relaxed);
-        Name(format!("/uct-test-{}-{tag}-{n}", std::process::id()))
-    }
+/// A label unique to this test run, to find a segment in /proc/self/maps.
+fn label(tag: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, AtomicOrdering::Relaxed);
+    format!("uct-test-{tag}-{n}")
 }
 
-impl Drop for Name {
-    fn drop(&mut self) {
-        unlink(&self.0);
-    }
+/// A fresh segment of `len` bytes granting `access`, sealed for `peers`:
+/// the owner's mapping and the descriptor peers open.
+fn segment_for(tag: &str, len: usize, access: Access, peers: Peers) -> (Mapping, OwnedFd) {
+    Mapping::create(&label(tag), len, SECRET, access, peers).expect("create a segment")
 }
 
-/// A fresh segment of `len` bytes granting `access`: its name and the
-/// owner's mapping.
-fn segment(tag: &str, len: usize, access: Access) -> (Name, Mapping) {
-    let name = Name::new(tag);
-    let map = Mapping::create(&name.0, len, SECRET, access).expect("create a segment");
-    (name, map)
+fn segment(tag: &str, len: usize, access: Access) -> (Mapping, OwnedFd) {
+    segment_for(tag, len, access, Peers::for_access(access))
+}
+
+/// A peer's mapping of the segment behind `fd`.
+fn open(fd: &OwnedFd, peers: Peers) -> Result<Mapping, UctError> {
+    Mapping::open(std::process::id(), fd.as_raw_fd() as u32, REGION, peers)
 }
 
 /// The owner's address of the segment's data, which rkeys carry.
@@ -42,50 +39,44 @@ fn base(owner: &Mapping) -> u64 {
     owner.data_ptr() as u64
 }
 
-/// A shared-memory object of `size` bytes made without this module: not a
-/// uct segment.
-fn foreign_object(name: &Name, size: usize) {
-    let cname = CString::new(name.0.as_str()).unwrap();
-    // SAFETY: a valid nul-terminated name; the descriptor is closed below.
-    let fd = unsafe {
-        libc::shm_open(
-            cname.as_ptr(),
-            libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-            0o600,
-        )
-    };
-    assert!(fd >= 0, "shm_open: {}", std::io::Error::last_os_error());
-    // SAFETY: fd was just opened above and is closed once.
-    unsafe {
-        assert_eq!(libc::ftruncate(fd, size as libc::off_t), 0);
-        libc::close(fd);
-    }
-}
-
-/// Resizes the object behind segment `name`, as a careless or hostile
-/// process with access to /dev/shm could.
-fn resize(name: &Name, size: usize) {
-    let cname = CString::new(name.0.as_str()).unwrap();
-    // SAFETY: a valid nul-terminated name; the descriptor is closed below.
-    let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR, 0) };
-    assert!(fd >= 0, "shm_open: {}", std::io::Error::last_os_error());
-    // SAFETY: fd was just opened above and is closed once.
-    unsafe {
-        assert_eq!(libc::ftruncate(fd, size as libc::off_t), 0);
-        libc::close(fd);
-    }
-}
-
 fn is_bad_rkey<T: std::fmt::Debug>(result: Result<T, UctError>) -> bool {
     matches!(result, Err(UctError::BadRkey(_)))
 }
 
+/// A memfd made without this module, `size` bytes, with `seals`.
+fn foreign_memfd(size: usize, seals: libc::c_int) -> OwnedFd {
+    let name = CString::new("uct-test-foreign").unwrap();
+    // SAFETY: a valid name; memfd_create returns a new descriptor or -1.
+    let fd = unsafe {
+        fd_from_call(libc::memfd_create(
+            name.as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        ))
+    }
+    .unwrap();
+    set_size(fd.as_fd(), size).unwrap();
+    if seals != 0 {
+        seal_op(fd.as_fd(), libc::F_ADD_SEALS, seals).unwrap();
+    }
+    fd
+}
+
+/// Copies the first `len` bytes of `from`'s mapping into `to` (a file).
+fn copy_header(from: &Mapping, to: &OwnedFd, len: usize) {
+    // SAFETY: `from` maps at least HEADER_SPACE >= len bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(from.ptr.as_ptr(), len) };
+    // SAFETY: writes `len` bytes from a live buffer to an open descriptor.
+    let n = unsafe { libc::pwrite(to.as_raw_fd(), bytes.as_ptr().cast(), len, 0) };
+    assert_eq!(n, len as isize);
+}
+
 #[test]
 fn a_peer_maps_the_owners_data() {
-    let (name, owner) = segment("data", 8192, Access::all());
-    let peer = Mapping::open(&name.0, REGION).unwrap();
+    let (owner, fd) = segment("data", 8192, Access::all());
+    let peer = open(&fd, Peers::ReadWrite).unwrap();
     assert_eq!(owner.data_len(), 8192);
     assert_eq!(peer.data_len(), 8192);
+    assert!(peer.is_writable());
     // SAFETY: both pointers address 8192 bytes of the same segment's data.
     unsafe {
         owner.data_ptr().write(0xa5);
@@ -100,75 +91,134 @@ fn a_peer_maps_the_owners_data() {
 }
 
 #[test]
-fn a_name_is_never_created_twice() {
-    let (name, _owner) = segment("twice", 64, Access::all());
-    assert!(Mapping::create(&name.0, 64, SECRET, Access::all()).is_err());
+fn a_closed_descriptor_is_no_such_region() {
+    assert_eq!(
+        Mapping::open(
+            std::process::id(),
+            i32::MAX as u32,
+            REGION,
+            Peers::ReadWrite
+        )
+        .unwrap_err(),
+        UctError::NoSuchRegion { region_id: REGION }
+    );
+    // A process that does not exist (pids stop below 2^22).
+    assert_eq!(
+        Mapping::open(99_999_999, 3, REGION, Peers::ReadOnly).unwrap_err(),
+        UctError::NoSuchRegion { region_id: REGION }
+    );
 }
 
 #[test]
-fn only_slash_names_of_at_most_200_bytes_are_segment_names() {
-    for bad in ["", "no-slash", "/a/b", "/nul\0byte"] {
-        let name = Name(bad.to_string());
-        assert!(
-            is_bad_rkey(Mapping::create(&name.0, 64, SECRET, Access::all())),
-            "{bad:?}"
-        );
-        assert!(is_bad_rkey(Mapping::open(&name.0, REGION)), "{bad:?}");
+fn a_segment_cannot_be_resized_by_its_owner() {
+    let (_owner, fd) = segment("resize", 8192, Access::all());
+    for size in [HEADER_SPACE, 1 << 20] {
+        let e = set_size(fd.as_fd(), size).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{size}: {e}");
     }
-    let prefix = Name::new("long").0.clone();
-    let long = |len: usize| Name(format!("{prefix}{}", "x".repeat(len - prefix.len())));
-    let at_limit = long(200);
-    assert!(Mapping::create(&at_limit.0, 64, SECRET, Access::all()).is_ok());
-    assert!(Mapping::open(&at_limit.0, REGION).is_ok());
-    let too_long = long(201);
-    assert!(is_bad_rkey(Mapping::create(
-        &too_long.0,
-        64,
-        SECRET,
-        Access::all()
+}
+
+#[test]
+fn an_unsealed_or_short_object_is_refused_whatever_its_header() {
+    let (real, _fd) = segment("real", 8192, Access::all());
+    // A copy of a real header in a memfd that could shrink or grow.
+    for seals in [
+        0,
+        libc::F_SEAL_SHRINK,
+        libc::F_SEAL_GROW,
+        libc::F_SEAL_WRITE,
+    ] {
+        let forged = foreign_memfd(HEADER_SPACE + 8192, 0);
+        copy_header(&real, &forged, HEADER_SPACE);
+        if seals != 0 {
+            seal_op(forged.as_fd(), libc::F_ADD_SEALS, seals).unwrap();
+        }
+        let got = open(&forged, Peers::ReadOnly);
+        assert!(is_bad_rkey(got), "seals {seals:#x}");
+    }
+    // Sealed, but shorter than a header.
+    assert!(is_bad_rkey(open(
+        &foreign_memfd(100, SIZE_SEALS),
+        Peers::ReadWrite
     )));
-    assert!(is_bad_rkey(Mapping::open(&too_long.0, REGION)));
+    // Sealed and sized, but not a segment.
+    assert!(is_bad_rkey(open(
+        &foreign_memfd(HEADER_SPACE + 8192, SIZE_SEALS),
+        Peers::ReadWrite
+    )));
 }
 
 #[test]
-fn a_missing_segment_is_no_such_region() {
-    let name = Name::new("missing");
-    assert_eq!(
-        Mapping::open(&name.0, REGION).unwrap_err(),
-        UctError::NoSuchRegion { region_id: REGION }
-    );
-}
-
-#[test]
-fn unlink_removes_the_name_and_keeps_the_mapping() {
-    let (name, owner) = segment("unlink", 4096, Access::all());
-    unlink(&name.0);
-    assert_eq!(
-        Mapping::open(&name.0, REGION).unwrap_err(),
-        UctError::NoSuchRegion { region_id: REGION }
-    );
-    // SAFETY: the owner's mapping still holds 4096 bytes of data.
-    unsafe {
-        owner.data_ptr().add(4095).write(3);
-        assert_eq!(owner.data_ptr().add(4095).read(), 3);
+fn descriptors_that_are_no_memfd_are_refused_without_blocking() {
+    // A pipe (opening a FIFO read-only would block without O_NONBLOCK), a
+    // character device and a directory.
+    let mut ends = [0; 2];
+    // SAFETY: pipe writes two descriptors into `ends`.
+    assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
+    // SAFETY: both were just returned by pipe and are owned here only.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+    let null = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+    let dir = OwnedFd::from(std::fs::File::open("/tmp").unwrap());
+    for fd in [&r, &w, &null, &dir] {
+        for peers in [Peers::ReadOnly, Peers::ReadWrite] {
+            let got = open(fd, peers);
+            assert!(
+                matches!(got, Err(UctError::BadRkey(_)) | Err(UctError::Io { .. })),
+                "{got:?}"
+            );
+        }
     }
 }
 
 #[test]
-fn objects_that_are_not_segments_are_refused() {
-    for size in [0, 100, HEADER_SPACE - 1, 8192] {
-        let name = Name::new("foreign");
-        foreign_object(&name, size);
-        assert!(is_bad_rkey(Mapping::open(&name.0, REGION)), "size {size}");
-    }
+fn a_read_only_segment_is_mapped_read_only_and_cannot_be_made_writable() {
+    let (owner, fd) = segment("ro", 8192, Access::remote_read_only());
+    assert_eq!(
+        open(&fd, Peers::ReadWrite).unwrap_err(),
+        UctError::AccessDenied {
+            needed: Access::REMOTE_WRITE,
+            granted: Access::REMOTE_READ
+        }
+    );
+    let peer = open(&fd, Peers::ReadOnly).unwrap();
+    assert!(!peer.is_writable());
+    // The owner still writes its memory through its own mapping.
+    // SAFETY: 8192 bytes of data in the owner's mapping.
+    unsafe { owner.data_ptr().write(42) };
+    // SAFETY: 8192 bytes of data in the peer's mapping, read only.
+    assert_eq!(unsafe { peer.data_ptr().read() }, 42);
+    // No writable mapping of it can be made, even with a read-write open.
+    let rw = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .unwrap();
+    let got = Mapping::map(rw.as_fd(), HEADER_SPACE + 8192, true, "test");
+    assert!(got.is_err(), "a writable mapping of a read-only segment");
 }
 
 #[test]
-fn a_segment_cut_to_its_header_opens_with_no_data() {
-    let (name, _owner) = segment("cut", 64, Access::all());
-    resize(&name, HEADER_SPACE);
-    let peer = Mapping::open(&name.0, REGION).unwrap();
-    assert_eq!(peer.data_len(), 0);
+fn a_read_only_mapping_grants_no_write_whatever_the_header_says() {
+    // An owner that seals a segment read-only but claims every right in its
+    // header: the peer's mapping cannot be written, so the check refuses.
+    let (owner, fd) = segment_for("liar", 4096, Access::all(), Peers::ReadOnly);
+    let peer = open(&fd, Peers::ReadOnly).unwrap();
+    let view = peer.view(SECRET);
+    let b = base(&owner);
+    assert!(peer
+        .check_view(&view, REGION, SECRET, b, 8, Access::REMOTE_READ)
+        .is_ok());
+    for needed in [Access::REMOTE_WRITE, Access::REMOTE_ATOMIC] {
+        assert!(
+            matches!(
+                peer.check_view(&view, REGION, SECRET, b, 8, needed),
+                Err(UctError::AccessDenied { .. })
+            ),
+            "{needed}"
+        );
+    }
+    peer.mark_dead();
+    assert!(!owner.is_dead(), "a peer's read-only mapping marks nothing");
 }
 
 /// Whether this process maps a file whose path contains `name`.
@@ -181,19 +231,22 @@ fn mapped(name: &str) -> bool {
 
 #[test]
 fn dropping_a_mapping_unmaps_it() {
-    let (name, owner) = segment("unmap", 4096, Access::all());
-    let peer = Mapping::open(&name.0, REGION).unwrap();
-    assert!(mapped(&name.0));
+    let name = label("unmap");
+    let (owner, fd) =
+        Mapping::create(&name, 4096, SECRET, Access::all(), Peers::ReadWrite).unwrap();
+    let peer = open(&fd, Peers::ReadWrite).unwrap();
+    drop(fd);
+    assert!(mapped(&name));
     drop(owner);
-    assert!(mapped(&name.0));
+    assert!(mapped(&name));
     drop(peer);
-    assert!(!mapped(&name.0));
+    assert!(!mapped(&name));
 }
 
 #[test]
 fn an_access_inside_the_range_with_the_rights_is_where_the_peer_maps_it() {
-    let (name, owner) = segment("inside", 8192, Access::remote_read_only());
-    let peer = Mapping::open(&name.0, REGION).unwrap();
+    let (owner, fd) = segment("inside", 8192, Access::remote_read_only());
+    let peer = open(&fd, Peers::ReadOnly).unwrap();
     let view = peer.view(SECRET);
     let b = base(&owner);
     let at = |addr: u64, len: u64, needed: Access| {
@@ -223,8 +276,8 @@ fn an_access_inside_the_range_with_the_rights_is_where_the_peer_maps_it() {
 
 #[test]
 fn an_access_outside_the_range_is_refused() {
-    let (name, owner) = segment("outside", 8192, Access::all());
-    let peer = Mapping::open(&name.0, REGION).unwrap();
+    let (owner, fd) = segment("outside", 8192, Access::all());
+    let peer = open(&fd, Peers::ReadWrite).unwrap();
     let view = peer.view(SECRET);
     let b = base(&owner);
     for (addr, len) in [
@@ -251,8 +304,9 @@ fn an_access_outside_the_range_is_refused() {
 
 #[test]
 fn an_access_without_the_right_is_refused() {
-    let (name, _owner) = segment("rights", 4096, Access::remote_read_only());
-    let peer = Mapping::open(&name.0, REGION).unwrap();
+    // Sealed read-write, so only the header's rights refuse.
+    let (_owner, fd) = segment_for("rights", 4096, Access::remote_read_only(), Peers::ReadWrite);
+    let peer = open(&fd, Peers::ReadWrite).unwrap();
     let view = peer.view(SECRET);
     let b = view.base;
     for needed in [
@@ -273,8 +327,8 @@ fn an_access_without_the_right_is_refused() {
 
 #[test]
 fn a_wrong_secret_is_refused() {
-    let (name, owner) = segment("secret", 4096, Access::all());
-    let peer = Mapping::open(&name.0, REGION).unwrap();
+    let (owner, fd) = segment("secret", 4096, Access::all());
+    let peer = open(&fd, Peers::ReadWrite).unwrap();
     let b = base(&owner);
     let forged = SECRET ^ 1;
     let view = peer.view(forged);
@@ -287,8 +341,8 @@ fn a_wrong_secret_is_refused() {
 
 #[test]
 fn a_freed_segment_is_no_such_region() {
-    let (name, owner) = segment("dead", 4096, Access::all());
-    let peer = Mapping::open(&name.0, REGION).unwrap();
+    let (owner, fd) = segment("dead", 4096, Access::all());
+    let peer = open(&fd, Peers::ReadWrite).unwrap();
     let view = peer.view(SECRET);
     let b = base(&owner);
     assert!(peer
@@ -313,8 +367,8 @@ fn a_freed_segment_is_no_such_region() {
 #[test]
 fn a_view_never_reaches_past_the_mapping_it_is_used_on() {
     // A view read from a larger segment, used on a smaller one.
-    let (_big_name, big) = segment("big", 16384, Access::all());
-    let (_small_name, small) = segment("small", 4096, Access::all());
+    let (big, _big_fd) = segment("big", 16384, Access::all());
+    let (small, _small_fd) = segment("small", 4096, Access::all());
     let view = big.view(SECRET);
     let b = base(&big);
     let at = |offset: u64, len: u64| {
@@ -328,9 +382,9 @@ fn a_view_never_reaches_past_the_mapping_it_is_used_on() {
 
 #[test]
 fn a_header_that_claims_more_than_the_segment_holds_is_refused() {
-    let (name, owner) = segment("claims", 8192, Access::all());
-    resize(&name, HEADER_SPACE + 4096);
-    let peer = Mapping::open(&name.0, REGION).unwrap();
+    let (owner, fd) = segment("claims", 4096, Access::all());
+    owner.header().len.store(1 << 30, Ordering::Relaxed);
+    let peer = open(&fd, Peers::ReadWrite).unwrap();
     assert_eq!(peer.data_len(), 4096);
     let view = peer.view(SECRET);
     assert!(peer
@@ -338,57 +392,11 @@ fn a_header_that_claims_more_than_the_segment_holds_is_refused() {
         .is_err());
 }
 
-#[test]
-fn an_anonymous_segment_is_mapped_through_its_proc_path() {
-    let (owner, _fd, path) = Mapping::create_anonymous("uct-test-anon", 8192).unwrap();
-    assert_eq!(
-        path,
-        format!("/proc/{}/fd/{}", std::process::id(), _fd.as_raw_fd())
-    );
-    let peer = Mapping::open_path(&path, REGION).unwrap();
-    assert_eq!(owner.data_len(), 8192);
-    assert_eq!(peer.data_len(), 8192);
-    assert!(!peer.is_dead());
-    // SAFETY: both pointers address 8192 bytes of the same memfd's data.
-    unsafe {
-        owner.data_ptr().add(8191).write(9);
-        assert_eq!(peer.data_ptr().add(8191).read(), 9);
-    }
-    owner.mark_dead();
-    assert!(peer.is_dead());
-}
-
-#[test]
-fn only_proc_fd_paths_are_opened() {
-    let pid = std::process::id();
-    for bad in [
-        "/dev/shm/x".to_string(),
-        "/proc/self/fd/0".to_string(),
-        format!("/proc/{pid}/fd/"),
-        "/proc//fd/0".to_string(),
-        format!("/proc/{pid}a/fd/0"),
-        "/proc/1a/fd/0".to_string(),
-        format!("/proc/{pid}/fd/0x"),
-        format!("/proc/{pid}/fd/../fd/0"),
-        format!("/proc/{pid}/fd/0\0"),
-    ] {
-        assert!(is_bad_rkey(Mapping::open_path(&bad, REGION)), "{bad:?}");
-    }
-}
-
-#[test]
-fn a_closed_descriptor_is_no_such_region() {
-    let path = format!("/proc/{}/fd/{}", std::process::id(), i32::MAX);
-    assert_eq!(
-        Mapping::open_path(&path, REGION).unwrap_err(),
-        UctError::NoSuchRegion { region_id: REGION }
-    );
-}
-
-/// Opens `path` in a child process that runs as another user, which may
-/// not open this process's descriptors; its exit status says whether the
-/// refusal was the permission error.
-fn open_as_another_user(path: &str) -> bool {
+/// Opens the segment behind `fd` in a child process that runs as another
+/// user, which may not open this process's descriptors; its exit status
+/// says whether the refusal was the permission error.
+fn open_as_another_user(fd: &OwnedFd) -> bool {
+    let (pid, fd) = (std::process::id(), fd.as_raw_fd() as u32);
     // SAFETY: the child only switches user, makes the call and exits with
     // _exit; glibc keeps malloc usable in the child of a threaded fork.
     let child = unsafe { libc::fork() };
@@ -398,7 +406,7 @@ fn open_as_another_user(path: &str) -> bool {
         let code = if unsafe { libc::setgid(65534) != 0 || libc::setuid(65534) != 0 } {
             2
         } else if matches!(
-            Mapping::open_path(path, REGION),
+            Mapping::open(pid, fd, REGION, Peers::ReadOnly),
             Err(UctError::EndpointFailed(_))
         ) {
             0
@@ -424,34 +432,16 @@ fn open_as_another_user(path: &str) -> bool {
 }
 
 #[test]
-fn a_path_the_kernel_does_not_let_us_open_is_a_permission_error() {
-    let (_owner, _fd, path) = Mapping::create_anonymous("uct-test-perm", 64).unwrap();
+fn a_descriptor_the_kernel_does_not_let_us_open_is_a_permission_error() {
+    let (_owner, fd) = segment("perm", 64, Access::all());
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
-        assert!(open_as_another_user(&path));
+        assert!(open_as_another_user(&fd));
     } else {
         // pid 1 belongs to another user (root) where tests run unprivileged.
         assert!(matches!(
-            Mapping::open_path("/proc/1/fd/0", REGION),
+            Mapping::open(1, 0, REGION, Peers::ReadOnly),
             Err(UctError::EndpointFailed(_))
         ));
     }
-}
-
-#[test]
-fn remove_stale_removes_only_segments_of_dead_processes() {
-    // No pid reaches 99999999 (the kernel's limit is 2^22).
-    let dead = Name(format!(
-        "/uct-test-99999999-{}-{}",
-        std::process::id(),
-        Name::new("stale").0.rsplit('-').next().unwrap()
-    ));
-    let _dead_map = Mapping::create(&dead.0, 64, SECRET, Access::all()).unwrap();
-    let (live, _live_map) = segment("live", 64, Access::all());
-    remove_stale();
-    assert_eq!(
-        Mapping::open(&dead.0, REGION).unwrap_err(),
-        UctError::NoSuchRegion { region_id: REGION }
-    );
-    assert!(Mapping::open(&live.0, REGION).is_ok());
 }

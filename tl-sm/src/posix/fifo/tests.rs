@@ -1,17 +1,30 @@
 //! A ring in an anonymous segment of this process: the owner's mapping
 //! drains, a second mapping of the same memory (through its
-//! `/proc/self/fd` path, as a peer maps it) pushes.
+//! `/proc/<our pid>/fd/<fd>`, as a peer maps it) pushes.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
-use uct_core::UctError;
+use uct_core::{Access, UctError};
 
 use super::*;
+use crate::segment::Peers;
 
-/// An anonymous segment of `len` data bytes: the owner's mapping, the
-/// descriptor that keeps it and the path peers open.
-fn segment(len: usize) -> (Mapping, OwnedFd, String) {
-    Mapping::create_anonymous("uct-test-fifo", len).expect("create a segment")
+/// A segment of `len` data bytes: the owner's mapping and the descriptor
+/// that keeps it, which peers open.
+fn segment(len: usize) -> (Mapping, OwnedFd) {
+    Mapping::create("uct-test-fifo", len, 0, Access::empty(), Peers::ReadWrite)
+        .expect("create a segment")
+}
+
+/// A peer's mapping of the segment behind `fd`.
+fn peer_map(fd: &OwnedFd) -> Mapping {
+    Mapping::open(
+        std::process::id(),
+        fd.as_raw_fd() as u32,
+        0,
+        Peers::ReadWrite,
+    )
+    .expect("open the segment as a peer")
 }
 
 /// An initialised ring (the consumer) and a peer's view of it (a producer).
@@ -22,9 +35,9 @@ struct Pair {
 }
 
 fn pair() -> Pair {
-    let (map, fd, path) = segment(ring_bytes());
+    let (map, fd) = segment(ring_bytes());
     let consumer = Ring::init(map).unwrap();
-    let producer = Ring::attach(Mapping::open_path(&path, 0).unwrap()).unwrap();
+    let producer = Ring::attach(peer_map(&fd)).unwrap();
     Pair {
         consumer,
         producer,
@@ -68,15 +81,15 @@ fn a_ring_costs_its_slots_and_little_more() {
 #[test]
 fn a_ring_needs_ring_bytes() {
     for len in [ring_bytes(), ring_bytes() + 4096] {
-        let (map, _fd, path) = segment(len);
+        let (map, fd) = segment(len);
         assert!(Ring::init(map).is_ok(), "{len} bytes");
-        assert!(Ring::attach(Mapping::open_path(&path, 0).unwrap()).is_ok());
+        assert!(Ring::attach(peer_map(&fd)).is_ok());
     }
     for len in [1, ring_bytes() - 1] {
-        let (map, _fd, path) = segment(len);
+        let (map, fd) = segment(len);
         assert!(matches!(Ring::init(map), Err(UctError::InvalidParam(_))));
         assert!(matches!(
-            Ring::attach(Mapping::open_path(&path, 0).unwrap()),
+            Ring::attach(peer_map(&fd)),
             Err(UctError::Unreachable(_))
         ));
     }
@@ -85,7 +98,7 @@ fn a_ring_needs_ring_bytes() {
 #[test]
 fn attach_refuses_a_segment_that_holds_no_ring() {
     for len in [ring_bytes(), ring_bytes() + 4096] {
-        let (map, _fd, _path) = segment(len);
+        let (map, _fd) = segment(len);
         assert!(matches!(Ring::attach(map), Err(UctError::Unreachable(_))));
     }
 }
@@ -247,12 +260,12 @@ fn a_full_ring_is_full_whatever_its_positions() {
     // not: exactly SLOTS apart is full, not corrupt, for a producer that
     // attaches to it then.
     for (head, tail) in [(SLOTS, 0), (SLOTS / 2, u64::MAX - SLOTS / 2 + 1)] {
-        let (map, _fd, path) = segment(ring_bytes());
+        let (map, fd) = segment(ring_bytes());
         let consumer = Ring::init(map).unwrap();
         let header = consumer.header();
         header.head.store(head, Ordering::Relaxed);
         header.tail.store(tail, Ordering::Relaxed);
-        let producer = Ring::attach(Mapping::open_path(&path, 0).unwrap()).unwrap();
+        let producer = Ring::attach(peer_map(&fd)).unwrap();
         assert!(
             matches!(push(&producer, 1, &[b"x"]), Push::Full),
             "head {head} tail {tail}"
