@@ -12,27 +12,58 @@ use uct_core::{
 };
 
 use crate::iface::TcpIface;
+use crate::link::Timeouts;
 use crate::{devices, md};
 
 /// The component's name, and the transport's.
 const NAME: &str = "tcp";
 
 /// The tcp component's configuration.
-pub const TCP_CONFIG: &[ConfigVar] = &[ConfigVar {
-    name: "UCT_TCP_PEER_TIMEOUT",
-    default: "10s",
-    kind: ConfigKind::Duration,
-    doc: "How long a tcp peer may leave requests unanswered, or data unacknowledged, before its endpoint fails and every pending operation completes with an error.",
-}];
+pub const TCP_CONFIG: &[ConfigVar] = &[
+    ConfigVar {
+        name: "UCT_TCP_PEER_TIMEOUT",
+        default: "10s",
+        kind: ConfigKind::Duration,
+        doc: "How long a tcp peer may leave requests unanswered, or data unacknowledged, before its endpoint fails and every pending operation completes with an error.",
+    },
+    ConfigVar {
+        name: "UCT_TCP_MAX_ACCEPTED",
+        default: "1024",
+        kind: ConfigKind::Uint,
+        doc: "Most connections a tcp iface keeps that peers opened to it. At the limit, the oldest that has not said Hello yet is closed for a new one; if all have, the new one is refused. Connections that say no Hello within UCT_BOOTSTRAP_TIMEOUT are closed. `auto`: the default.",
+    },
+];
 
-/// UCT_TCP_PEER_TIMEOUT, or its default (logged) when it does not parse.
-fn peer_timeout() -> Duration {
+/// What an iface takes from the configuration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    pub(crate) timeouts: Timeouts,
+    pub(crate) max_accepted: usize,
+}
+
+/// The tcp variables (and UCT_BOOTSTRAP_TIMEOUT), each its default (logged)
+/// when it does not parse.
+fn settings() -> Settings {
     let (cfg, errors) = Config::from_env_lenient(&[(NAME, TCP_CONFIG)]);
     for e in errors {
         log::error!("{e}; using its default");
     }
-    cfg.get_duration("UCT_TCP_PEER_TIMEOUT")
-        .unwrap_or(Duration::from_secs(10))
+    Settings {
+        timeouts: Timeouts {
+            peer: cfg
+                .get_duration("UCT_TCP_PEER_TIMEOUT")
+                .unwrap_or(Duration::from_secs(10)),
+            hello: cfg
+                .get_duration("UCT_BOOTSTRAP_TIMEOUT")
+                .unwrap_or(Duration::from_secs(30)),
+        },
+        max_accepted: cfg
+            .get_uint("UCT_TCP_MAX_ACCEPTED")
+            .ok()
+            .flatten()
+            .map(|n| n.min(usize::MAX as u64) as usize)
+            .unwrap_or(1024),
+    }
 }
 
 /// The tcp component: one host MD, one transport per network interface.
@@ -113,7 +144,7 @@ impl Component for TcpComponent {
             device,
             md.clone(),
             host.table().clone(),
-            peer_timeout(),
+            settings(),
         )?))
     }
 

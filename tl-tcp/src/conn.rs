@@ -1,10 +1,12 @@
 //! One non-blocking TCP connection: a queue of outgoing frames written with
 //! `sendmsg` (header and user buffers gathered, no staging copy for zcopy),
-//! and a receive buffer cut into frames.
+//! and a receive buffer cut into frames. The receive buffer never holds more
+//! than one largest frame; the replies queued to the peer are counted apart,
+//! so that the link stops executing its requests while they pile up.
 
 use std::collections::VecDeque;
 use std::io::ErrorKind;
-use std::net::TcpStream;
+use std::net::{IpAddr, Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
@@ -32,6 +34,8 @@ struct Outgoing {
     payload: Payload,
     written: usize,
     total: usize,
+    /// An answer to the peer's request (counted in `replies_queued`).
+    reply: bool,
     /// Fired when the frame is on the wire (local completion).
     comp: Option<Completion>,
 }
@@ -77,11 +81,16 @@ pub struct Conn {
     stream: TcpStream,
     sendq: VecDeque<Outgoing>,
     queued: usize,
+    /// Bytes of `queued` that answer the peer's requests.
+    replies_queued: usize,
     rbuf: Vec<u8>,
     rpos: usize,
     max_data: usize,
+    /// Most bytes the receive buffer holds: one largest frame.
+    rbuf_limit: usize,
     /// Remembered: the kernel forgets it once the connection is reset.
     peer: String,
+    peer_ip: Option<IpAddr>,
 }
 
 impl Conn {
@@ -100,18 +109,21 @@ impl Conn {
             .set_nodelay(true)
             .map_err(|e| UctError::io("tcp: set TCP_NODELAY", e))?;
         set_peer_timeout(&stream, peer_timeout)?;
-        let peer = stream
-            .peer_addr()
+        let peer_addr = stream.peer_addr().ok();
+        let peer = peer_addr
             .map(|a| a.to_string())
-            .unwrap_or_else(|_| "an unknown peer".into());
+            .unwrap_or_else(|| "an unknown peer".into());
         Ok(Conn {
             stream,
             sendq: VecDeque::new(),
             queued: 0,
+            replies_queued: 0,
             rbuf: Vec::new(),
             rpos: 0,
             max_data,
+            rbuf_limit: wire::PREFIX + wire::MAX_HEADER + max_data,
             peer,
+            peer_ip: peer_addr.map(|a| a.ip()),
         })
     }
 
@@ -127,6 +139,100 @@ impl Conn {
 
     pub fn peer(&self) -> String {
         self.peer.clone()
+    }
+
+    /// The IP the connection comes from.
+    pub fn peer_ip(&self) -> Option<IpAddr> {
+        self.peer_ip
+    }
+
+    /// Bytes of replies to the peer's requests not yet written.
+    pub fn replies_queued(&self) -> usize {
+        self.replies_queued
+    }
+
+    /// Bytes received and not yet consumed.
+    pub fn buffered(&self) -> usize {
+        self.rbuf.len() - self.rpos
+    }
+
+    /// Queues the answer to a request of the peer; it is written with the
+    /// next `write_out`.
+    pub fn queue_reply(&mut self, header: &Header, payload: Payload) -> Result<(), UctError> {
+        let data_len = match &payload {
+            Payload::None => 0,
+            Payload::Bytes(b) => b.len(),
+            Payload::Iov(prefix, pieces) => {
+                prefix.len() + pieces.iter().map(|(_, _, len)| len).sum::<usize>()
+            }
+        };
+        let head = wire::encode(header, data_len)?;
+        let total = head.len() + data_len;
+        self.sendq.push_back(Outgoing {
+            head,
+            payload,
+            written: 0,
+            total,
+            comp: None,
+            reply: true,
+        });
+        self.queued += total;
+        self.replies_queued += total;
+        Ok(())
+    }
+
+    /// Closes both directions: the peer sees the end of the connection now,
+    /// not when the last endpoint holding the link is dropped.
+    pub fn close(&mut self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    /// Whether the peer is gone with nothing left to read from it: it
+    /// closed the connection (a process that dies closes its sockets) or
+    /// the connection failed. The error names the peer. One poll, no read.
+    pub fn peer_gone(&self) -> Option<UctError> {
+        let mut pfd = libc::pollfd {
+            fd: self.stream.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one initialised pollfd, exclusively borrowed for the call;
+        // poll writes only its revents field.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 0) };
+        if ready <= 0 {
+            return None;
+        }
+        if pfd.revents & libc::POLLERR != 0 {
+            let e = self
+                .stream
+                .take_error()
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| std::io::Error::from(ErrorKind::ConnectionReset));
+            return Some(peer_error("connection", &self.peer, e));
+        }
+        let hung_up = pfd.revents & (libc::POLLHUP | libc::POLLRDHUP) != 0;
+        // What it sent before it went is still delivered by progress.
+        if hung_up && self.unread() == 0 && self.buffered() == 0 {
+            return Some(UctError::EndpointFailed(format!(
+                "tcp peer {} closed the connection (its process exited or closed its iface)",
+                self.peer
+            )));
+        }
+        None
+    }
+
+    /// Bytes the kernel holds for us to read.
+    fn unread(&self) -> usize {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int at the pointer, a live local.
+        let status = unsafe { libc::ioctl(self.stream.as_raw_fd(), libc::FIONREAD, &mut n) };
+        if status == 0 {
+            n.max(0) as usize
+        } else {
+            // Unknown: assume something is there and let progress read it.
+            1
+        }
     }
 
     /// Whether the send queue is over its limit.
@@ -157,6 +263,7 @@ impl Conn {
             written: 0,
             total,
             comp: None,
+            reply: false,
         });
         self.queued += total;
         self.write_out()?;
@@ -248,6 +355,7 @@ impl Conn {
             written: 0,
             total: len,
             comp: None,
+            reply: false,
         });
         Ok(())
     }
@@ -297,6 +405,9 @@ impl Conn {
                     break;
                 };
                 let left = front.total - front.written;
+                if front.reply {
+                    self.replies_queued = self.replies_queued.saturating_sub(left.min(sent));
+                }
                 if sent >= left {
                     sent -= left;
                     if let Some(comp) = self.sendq.pop_front().and_then(|outgoing| outgoing.comp) {
@@ -318,7 +429,9 @@ impl Conn {
     }
 
     /// Reads what has arrived into the receive buffer, without zeroing it
-    /// first. An orderly close or a reset is an error.
+    /// first, while it holds less than one largest frame (a larger frame is
+    /// refused by the parser, so the frames here are always handled first).
+    /// An orderly close or a reset is an error.
     pub fn read_in(&mut self) -> Result<usize, UctError> {
         let mut total = 0;
         loop {
@@ -326,14 +439,29 @@ impl Conn {
                 self.rbuf.clear();
                 self.rpos = 0;
             }
+            let room = self.rbuf_limit.saturating_sub(self.buffered());
+            if room == 0 {
+                return Ok(total);
+            }
             if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
                 if self.rpos > 0 {
                     self.rbuf.drain(..self.rpos);
                     self.rpos = 0;
                 }
-                self.rbuf.reserve(READ_CHUNK);
+                // Room for the frame that is arriving, or a chunk, within the
+                // limit: exact, so that the buffer never doubles past it.
+                let want = self
+                    .next_frame_len()
+                    .max(self.rbuf.len() + READ_CHUNK)
+                    .min(self.rbuf_limit);
+                if want > self.rbuf.capacity() {
+                    self.rbuf.reserve_exact(want - self.rbuf.len());
+                }
             }
-            let spare = self.rbuf.capacity() - self.rbuf.len();
+            let spare = (self.rbuf.capacity() - self.rbuf.len()).min(room);
+            if spare == 0 {
+                return Ok(total);
+            }
             let at = self.rbuf.len();
             // SAFETY: `spare` bytes past the length are allocated; recv
             // writes at most that many and we extend the length only by what
@@ -371,6 +499,21 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Length of the frame at the head of the receive buffer, once its
+    /// prefix is here (0 before), as the prefix claims it.
+    fn next_frame_len(&self) -> usize {
+        let b = &self.rbuf[self.rpos..];
+        if b.len() < wire::PREFIX {
+            return 0;
+        }
+        let header = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        let data = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
+        wire::PREFIX
+            .saturating_add(header)
+            .saturating_add(data)
+            .min(self.rbuf_limit)
     }
 
     /// Looks at the next frame in the receive buffer.
@@ -443,6 +586,7 @@ impl Conn {
             }
         }
         self.queued = 0;
+        self.replies_queued = 0;
     }
 }
 

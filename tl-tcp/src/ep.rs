@@ -13,7 +13,8 @@ use uct_core::{
 use crate::conn::Payload;
 use crate::iface::Connector;
 use crate::iface::{MAX_AM_HEADER, MAX_AM_ZCOPY, MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
-use crate::link::{Link, PendingOp};
+use crate::link::Link;
+use crate::pending::PendingOp;
 use crate::wire::{Header, WireAtomic, WireKey};
 
 /// A tcp endpoint.
@@ -94,10 +95,14 @@ impl TcpEp {
     }
 
     /// Sends a frame whose data is copied; Done, or NoResource when full.
-    fn send_copied(&mut self, header: Header, parts: &[&[u8]]) -> Result<Status> {
+    /// `make` builds the header from the request id, which is drawn under
+    /// the same lock as the send, so that ids go out in order.
+    fn send_copied(&mut self, make: impl FnOnce(u64) -> Header, parts: &[&[u8]]) -> Result<Status> {
+        let id = self.id;
         let Some(mut link) = self.live_with_room()? else {
             return Ok(Status::NoResource);
         };
+        let header = make(link.next_req(id));
         match link.conn.send_borrowed(&header, parts) {
             Ok(_) => Ok(Status::Done),
             Err(e) => {
@@ -107,16 +112,22 @@ impl TcpEp {
         }
     }
 
-    /// Sends a request that gets a reply, recorded as pending.
+    /// Sends a request that gets a reply, recorded as pending; NoResource
+    /// while too many requests, or too many bytes of gets (`get_bytes`),
+    /// wait for their replies.
     fn request(
         &mut self,
         make: impl FnOnce(u64) -> Header,
         pending: PendingOp,
+        get_bytes: usize,
         comp: Option<&Completion>,
     ) -> Result<Status> {
         let Some(mut link) = self.live_with_room()? else {
             return Ok(Status::NoResource);
         };
+        if !link.has_room_for_request(get_bytes) {
+            return Ok(Status::NoResource);
+        }
         let req = link.next_req(self.id);
         if let Err(e) = link.conn.send(&make(req), Payload::None, None) {
             link.fail(e.clone());
@@ -125,7 +136,7 @@ impl TcpEp {
         if let Some(comp) = comp {
             comp.start();
         }
-        link.add_pending(req, pending);
+        link.add_pending(req, pending, get_bytes);
         Ok(Status::InProgress)
     }
 
@@ -133,13 +144,15 @@ impl TcpEp {
     /// when the socket took it all, else InProgress (`comp` fires later).
     fn send_zcopy(
         &mut self,
-        header: Header,
+        make: impl FnOnce(u64) -> Header,
         payload: Payload,
         comp: Option<&Completion>,
     ) -> Result<Status> {
+        let id = self.id;
         let Some(mut link) = self.live_with_room()? else {
             return Ok(Status::NoResource);
         };
+        let header = make(link.next_req(id));
         match link.conn.send(&header, payload, comp) {
             Ok(true) => Ok(Status::Done),
             Ok(false) => Ok(Status::InProgress),
@@ -149,9 +162,15 @@ impl TcpEp {
             }
         }
     }
+}
 
-    fn next_req(&self) -> Result<u64> {
-        Ok(self.live()?.next_req(self.id))
+impl Drop for TcpEp {
+    fn drop(&mut self) {
+        if let Some(link) = &self.link {
+            link.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .forget_ep(self.id);
+        }
     }
 }
 
@@ -159,9 +178,8 @@ impl Endpoint for TcpEp {
     fn put_short(&mut self, data: &[u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status> {
         Self::check_size("put_short", data.len(), MAX_SHORT)?;
         let key = Self::key(rkey)?;
-        let req = self.next_req()?;
         self.send_copied(
-            Header::Put {
+            |req| Header::Put {
                 req,
                 key,
                 addr: remote_addr,
@@ -173,9 +191,8 @@ impl Endpoint for TcpEp {
     fn put_bcopy(&mut self, data: &[u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status> {
         Self::check_size("put_bcopy", data.len(), MAX_BCOPY)?;
         let key = Self::key(rkey)?;
-        let req = self.next_req()?;
         self.send_copied(
-            Header::Put {
+            |req| Header::Put {
                 req,
                 key,
                 addr: remote_addr,
@@ -193,9 +210,8 @@ impl Endpoint for TcpEp {
     ) -> Result<Status> {
         let list = Self::iov_list(iov, MAX_ZCOPY)?;
         let key = Self::key(rkey)?;
-        let req = self.next_req()?;
         self.send_zcopy(
-            Header::Put {
+            |req| Header::Put {
                 req,
                 key,
                 addr: remote_addr,
@@ -234,6 +250,7 @@ impl Endpoint for TcpEp {
                 len: len as u64,
             },
             PendingOp::GetBytes(comp.clone()),
+            len,
             Some(comp),
         )
     }
@@ -256,18 +273,19 @@ impl Endpoint for TcpEp {
                 len: len as u64,
             },
             PendingOp::GetIov(list, comp.cloned()),
+            len,
             comp,
         )
     }
 
     fn am_short(&mut self, id: u8, header: u64, payload: &[u8]) -> Result<Status> {
         Self::check_size("am_short", payload.len() + 8, MAX_SHORT)?;
-        self.send_copied(Header::Am { id }, &[&header.to_le_bytes(), payload])
+        self.send_copied(|_| Header::Am { id }, &[&header.to_le_bytes(), payload])
     }
 
     fn am_bcopy(&mut self, id: u8, data: &[u8]) -> Result<Status> {
         Self::check_size("am_bcopy", data.len(), MAX_BCOPY)?;
-        self.send_copied(Header::Am { id }, &[data])
+        self.send_copied(|_| Header::Am { id }, &[data])
     }
 
     fn am_zcopy(
@@ -279,7 +297,11 @@ impl Endpoint for TcpEp {
     ) -> Result<Status> {
         Self::check_size("am_zcopy header", header.len(), MAX_AM_HEADER)?;
         let list = Self::iov_list(iov, MAX_AM_ZCOPY - header.len().min(MAX_AM_ZCOPY))?;
-        self.send_zcopy(Header::Am { id }, Payload::Iov(header.to_vec(), list), comp)
+        self.send_zcopy(
+            |_| Header::Am { id },
+            Payload::Iov(header.to_vec(), list),
+            comp,
+        )
     }
 
     fn atomic_add(
@@ -289,8 +311,7 @@ impl Endpoint for TcpEp {
         rkey: &RemoteKey,
     ) -> Result<Status> {
         let key = Self::key(rkey)?;
-        let req = self.next_req()?;
-        let header = Header::Atomic {
+        let header = |req| Header::Atomic {
             req,
             key,
             addr: remote_addr,
@@ -336,6 +357,7 @@ impl Endpoint for TcpEp {
                 value: value.as_u64(),
             },
             PendingOp::Atomic(comp.clone()),
+            0,
             Some(comp),
         )
     }
@@ -347,6 +369,7 @@ impl Endpoint for TcpEp {
                 ep: self.id,
                 comp: comp.cloned(),
             },
+            0,
             comp,
         )
     }
@@ -363,6 +386,14 @@ impl Endpoint for TcpEp {
             None => Err(UctError::InvalidParam(
                 "this tcp endpoint was connected to an iface; it has no endpoint address".into(),
             )),
+        }
+    }
+
+    fn check(&mut self) -> Result<()> {
+        // Unconnected: no peer yet, nothing to find dead.
+        match &self.link {
+            Some(link) => link.lock().unwrap_or_else(|p| p.into_inner()).check_alive(),
+            None => Ok(()),
         }
     }
 

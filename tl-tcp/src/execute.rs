@@ -3,13 +3,10 @@
 //! region table (region, secret, range, rights) and executed; the reply, if
 //! the request has one, is returned for the link to send.
 
-use std::net::SocketAddr;
-
 use uct_core::atomic_ops::{check_aligned, fetch_at};
 use uct_core::region_table::{RegionTable, SoftRkey};
 use uct_core::{Access, AtomicValue, FetchOp, UctError};
 
-use crate::address::parse_addr;
 use crate::conn::Payload;
 use crate::iface::MAX_FRAME_DATA;
 use crate::link::AmBatch;
@@ -81,18 +78,19 @@ fn nack(req: u64, error: &UctError) -> Option<(Header, Payload)> {
 }
 
 /// Executes one request from the peer and returns its reply, if it has one.
-/// A Hello records where the peer's iface listens in `remote_iface`.
+/// The link has checked the peer's Hello before; another Hello is refused.
 pub(crate) fn execute(
     table: &RegionTable,
     ams: &mut AmBatch,
-    remote_iface: &mut Option<SocketAddr>,
     header: Header,
     data: &[u8],
 ) -> Result<Option<(Header, Payload)>> {
     Ok(match header {
-        Header::Hello { addr, port } => {
-            *remote_iface = parse_addr(&addr, &port.to_le_bytes());
-            None
+        Header::Hello { .. } => {
+            return Err(UctError::Protocol(
+                "a Hello after the first frame of the connection; a link's peer never changes"
+                    .into(),
+            ))
         }
         Header::Am { id } => {
             ams.push(id, data);

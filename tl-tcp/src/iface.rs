@@ -1,13 +1,16 @@
 //! The tcp iface: listens on one interface and keeps one link (TCP
 //! connection) per peer iface, whichever side opened it; its `progress`
 //! polls them all at once, executes the requests that arrive and completes
-//! its endpoints' operations.
+//! its endpoints' operations. Accepted connections are capped
+//! (UCT_TCP_MAX_ACCEPTED) and taken a few per progress call, and a failed
+//! link leaves the list at the next call, so that junk connections cost
+//! the other peers little.
 
 use std::io::ErrorKind;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use uct_core::region_table::RegionTable;
 use uct_core::{
@@ -15,11 +18,14 @@ use uct_core::{
     Result, SizeLimits, UctError,
 };
 
-use crate::address::{ip_bytes, parse_addr};
+use crate::address::{iface_addr, ip_bytes, new_cookie, parse_addr, IFACE_ADDR_LEN};
+use crate::component::Settings;
 use crate::conn::{Conn, Payload};
 use crate::devices::NetDevice;
+use crate::dial::dial;
 use crate::ep::TcpEp;
-use crate::link::{AmBatch, Link};
+use crate::hello::{Fit, Role};
+use crate::link::{AmBatch, Link, Timeouts};
 use crate::wire::Header;
 
 pub(crate) const MAX_SHORT: usize = 8 * 1024;
@@ -31,6 +37,8 @@ pub(crate) const MAX_AM_HEADER: usize = 256;
 /// Largest data a peer may put in one frame.
 pub(crate) const MAX_FRAME_DATA: usize = MAX_ZCOPY;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections accepted by one progress call.
+const ACCEPT_BUDGET: usize = 64;
 
 /// The links of an iface, shared with its endpoints (which find or add a
 /// link when they connect).
@@ -39,41 +47,59 @@ pub(crate) type Links = Arc<Mutex<Vec<Arc<Mutex<Link>>>>>;
 /// What an endpoint needs to connect, now or later.
 pub(crate) struct Connector {
     links: Links,
-    timeout: Duration,
-    /// This iface's own address, announced on new connections.
-    hello: Header,
+    timeouts: Timeouts,
+    /// This iface: where it listens, and its cookie, announced in the
+    /// Hello of new connections.
+    ip: IpAddr,
+    port: u16,
+    cookie: u64,
     /// The address of the iface the endpoint belongs to; peers reach it
     /// there, so it is the endpoint's address too.
     pub(crate) iface_addr: Vec<u8>,
 }
 
 impl Connector {
-    /// The link to the peer iface at these addresses: the one already open
-    /// to it (either side may have opened it), or a new connection.
+    /// The link to the peer iface at these addresses: one already open
+    /// that is known to reach it (one we dialled, or one whose Hello
+    /// carried the cookie of this very address), or a new connection.
     pub(crate) fn connect(
         &self,
         device_addr: &[u8],
         iface_addr: &[u8],
     ) -> Result<Arc<Mutex<Link>>> {
-        let addr = parse_addr(device_addr, iface_addr).ok_or_else(|| {
-            UctError::InvalidParam(format!(
-                "not a tcp address (expected 16 + 2 bytes, got {} + {})",
-                device_addr.len(),
-                iface_addr.len()
-            ))
-        })?;
+        let to = parse_addr(device_addr, iface_addr)?;
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         for link in links.iter() {
-            let state = link.lock().unwrap_or_else(|p| p.into_inner());
-            if state.remote_iface == Some(addr) && state.failed.is_none() {
-                return Ok(link.clone());
+            let mut state = link.lock().unwrap_or_else(|p| p.into_inner());
+            if state.failed.is_some() {
+                continue;
+            }
+            match state.role.fits(&to) {
+                Fit::Yes => return Ok(link.clone()),
+                Fit::Impostor => {
+                    let e = UctError::Protocol(format!(
+                        "it claimed to be the iface at {to} with another cookie than the address the application has for that iface"
+                    ));
+                    log::warn!(
+                        "tcp: closing the connection from {}: {e}",
+                        state.conn.peer()
+                    );
+                    state.fail(e);
+                }
+                Fit::No => {}
             }
         }
-        let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
-            .map_err(|e| UctError::Unreachable(format!("tcp connect to {addr}: {e}")))?;
-        let mut conn = Conn::new(stream, MAX_FRAME_DATA, self.timeout)?;
-        conn.send(&self.hello, Payload::None, None)?;
-        let link = Arc::new(Mutex::new(Link::new(conn, Some(addr), self.timeout)));
+        let stream = dial(self.ip, to.sock, CONNECT_TIMEOUT)?;
+        let mut conn = Conn::new(stream, MAX_FRAME_DATA, self.timeouts.peer)?;
+        let hello = Header::Hello {
+            addr: ip_bytes(self.ip),
+            port: self.port,
+            cookie: self.cookie,
+            echo: to.cookie,
+        };
+        conn.send(&hello, Payload::None, None)?;
+        let link = Link::new(conn, Role::Dialled(to), self.cookie, self.timeouts);
+        let link = Arc::new(Mutex::new(link));
         links.push(link.clone());
         Ok(link)
     }
@@ -110,9 +136,9 @@ fn tcp_attrs() -> IfaceAttrs {
         latency_ns: 10_000.0,
         bandwidth_bps: 2.0e9,
         overhead_ns: 200.0,
-        iface_addr_len: 2,
+        iface_addr_len: IFACE_ADDR_LEN,
         device_addr_len: 16,
-        ep_addr_len: 2,
+        ep_addr_len: IFACE_ADDR_LEN,
     }
 }
 
@@ -125,7 +151,11 @@ pub struct TcpIface {
     attrs: IfaceAttrs,
     handlers: AmHandlers,
     links: Links,
-    peer_timeout: Duration,
+    settings: Settings,
+    /// Drawn at open; peers learn it from our address and echo it.
+    cookie: u64,
+    /// Connections refused at the cap, for rate-limited warnings.
+    refused: u64,
     /// Reused by progress: the poll set (the listener first, then one entry
     /// per link), the links polled, whether each is reading a large put,
     /// and the active messages received.
@@ -140,7 +170,7 @@ impl TcpIface {
         dev: NetDevice,
         md: Arc<dyn MemoryDomain>,
         table: Arc<RegionTable>,
-        peer_timeout: Duration,
+        settings: Settings,
     ) -> Result<TcpIface> {
         let listener = TcpListener::bind(SocketAddr::new(dev.addr, 0))
             .map_err(|e| UctError::io(format!("tcp: listen on {} ({})", dev.name, dev.addr), e))?;
@@ -155,7 +185,9 @@ impl TcpIface {
             attrs: tcp_attrs(),
             handlers: AmHandlers::new("tcp"),
             links: Links::default(),
-            peer_timeout,
+            settings,
+            cookie: new_cookie()?,
+            refused: 0,
             pfds: Vec::new(),
             polled: Vec::new(),
             reading: Vec::new(),
@@ -170,38 +202,90 @@ impl TcpIface {
     fn connector(&self) -> Connector {
         Connector {
             links: self.links.clone(),
-            timeout: self.peer_timeout,
-            hello: Header::Hello {
-                addr: ip_bytes(self.dev.addr),
-                port: self.port(),
-            },
+            timeouts: self.settings.timeouts,
+            ip: self.dev.addr,
+            port: self.port(),
+            cookie: self.cookie,
             iface_addr: self.iface_address(),
         }
     }
 
+    /// Takes in up to ACCEPT_BUDGET new connections, each as a link that
+    /// must say Hello first, within the cap on accepted links.
     fn accept_new(&mut self) -> usize {
         let mut accepted = 0;
-        loop {
+        for _ in 0..ACCEPT_BUDGET {
             match self.listener.accept() {
-                Ok((stream, peer)) => match Conn::new(stream, MAX_FRAME_DATA, self.peer_timeout) {
-                    Ok(conn) => {
-                        log::debug!("tcp {}: accepted {peer}", self.dev.name);
-                        let link = Arc::new(Mutex::new(Link::new(conn, None, self.peer_timeout)));
-                        self.links
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(link);
-                        accepted += 1;
+                Ok((stream, peer)) => {
+                    if !self.make_room() {
+                        self.refused += 1;
+                        if self.refused % 1000 == 1 {
+                            log::warn!(
+                                "tcp {}: refusing {peer}: {} connections accepted and each said Hello (UCT_TCP_MAX_ACCEPTED); {} refused so far",
+                                self.dev.name,
+                                self.settings.max_accepted,
+                                self.refused
+                            );
+                        }
+                        continue;
                     }
-                    Err(e) => log::warn!("tcp {}: dropping {peer}: {e}", self.dev.name),
-                },
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return accepted,
+                    match Conn::new(stream, MAX_FRAME_DATA, self.settings.timeouts.peer) {
+                        Ok(conn) => {
+                            log::debug!("tcp {}: accepted {peer}", self.dev.name);
+                            let role = Role::AwaitingHello(Instant::now());
+                            let link = Link::new(conn, role, self.cookie, self.settings.timeouts);
+                            self.links
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(Arc::new(Mutex::new(link)));
+                            accepted += 1;
+                        }
+                        Err(e) => log::warn!("tcp {}: dropping {peer}: {e}", self.dev.name),
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
                     log::warn!("tcp {}: accept failed: {e}", self.dev.name);
-                    return accepted;
+                    break;
                 }
             }
+        }
+        accepted
+    }
+
+    /// Whether another accepted link fits under UCT_TCP_MAX_ACCEPTED: there
+    /// is room, or the oldest link that has not said Hello was closed to
+    /// make room (a peer that said Hello is never pushed out by one that
+    /// has not).
+    fn make_room(&self) -> bool {
+        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let mut count = 0;
+        let mut oldest: Option<(Instant, &Arc<Mutex<Link>>)> = None;
+        for link in links.iter() {
+            let state = link.lock().unwrap_or_else(|p| p.into_inner());
+            if state.failed.is_some() || matches!(state.role, Role::Dialled(_)) {
+                continue;
+            }
+            count += 1;
+            if let Some(since) = state.awaiting_hello_since() {
+                if oldest.is_none_or(|(t, _)| since < t) {
+                    oldest = Some((since, link));
+                }
+            }
+        }
+        if count < self.settings.max_accepted {
+            return true;
+        }
+        match oldest {
+            Some((_, link)) => {
+                link.lock().unwrap_or_else(|p| p.into_inner()).fail(UctError::Protocol(format!(
+                    "closed without a Hello to make room for a new connection (UCT_TCP_MAX_ACCEPTED={})",
+                    self.settings.max_accepted
+                )));
+                true
+            }
+            None => false,
         }
     }
 }
@@ -228,17 +312,18 @@ impl Iface for TcpIface {
     }
 
     fn iface_address(&self) -> Vec<u8> {
-        self.port().to_le_bytes().to_vec()
+        iface_addr(self.port(), self.cookie)
     }
 
     fn is_reachable(&self, device_addr: &[u8], iface_addr: &[u8]) -> bool {
         match parse_addr(device_addr, iface_addr) {
             // Loopback reaches only loopback; other addresses are assumed
             // routable (the connect will tell).
-            Some(peer) => {
-                peer.ip().is_loopback() == self.dev.addr.is_loopback() || !peer.ip().is_loopback()
+            Ok(peer) => {
+                let ip = peer.sock.ip();
+                ip.is_loopback() == self.dev.addr.is_loopback() || !ip.is_loopback()
             }
-            None => false,
+            Err(_) => false,
         }
     }
 
@@ -298,7 +383,7 @@ impl Iface for TcpIface {
                 events: 0,
                 revents: 0,
             }));
-            reading.push(state.reading_direct());
+            reading.push(state.wants_progress());
         }
         // SAFETY: `pfds` is a Vec of pfds.len() initialised pollfd entries,
         // exclusively borrowed for the call; poll writes only their revents

@@ -7,18 +7,27 @@
 //! component and its configuration), `md.rs` (its memory domain: uct-core's
 //! host MD), `iface.rs` and `ep.rs`; then the pieces named for what they
 //! are: `devices.rs` (network interfaces), `address.rs`, `conn.rs` (one
-//! socket), `link.rs` (one connection between two ifaces), `execute.rs`
-//! (the target's side of each request) and `wire.rs` (the frame format).
+//! socket), `dial.rs` (connecting from the iface's address), `link.rs`
+//! (one connection between two ifaces), `hello.rs` (who
+//! is on the other end of a link), `pending.rs` (the requests this side
+//! sent and their answers), `execute.rs` (the target's side of each
+//! request) and `wire.rs` (the frame format).
+//!
+//! `address` and `wire` are public so that tests and the adversary suite
+//! speak the real format; they are not an API for applications.
 
-mod address;
+pub mod address;
 mod component;
 mod conn;
 pub mod devices;
+mod dial;
 mod ep;
 mod execute;
+mod hello;
 mod iface;
 mod link;
 mod md;
+mod pending;
 pub mod wire;
 
 pub use component::{TcpComponent, TCP_CONFIG};

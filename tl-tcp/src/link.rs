@@ -4,62 +4,56 @@
 //! requests that arrive, checked against its region table. Sharing one
 //! connection per pair of ifaces lets replies and acknowledgements ride
 //! together, as in UCX.
+//!
+//! What a peer can make a link cost is bounded: an accepted link must say
+//! Hello first (`hello.rs`) within the bootstrap timeout; one progress call
+//! handles at most [`FRAME_BUDGET`] frames and [`BYTE_BUDGET`] bytes of a
+//! link; the link stops executing the peer's requests while more than
+//! [`REPLY_QUEUE_LIMIT`] bytes of replies wait for the peer to read them
+//! (TCP's flow control then holds the peer back); the receive buffer holds
+//! at most one largest frame (`conn.rs`); the requests of this side are
+//! capped and a Nack is taken only for one of them (`pending.rs`).
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use uct_core::region_table::RegionTable;
-use uct_core::{Access, AmHandlers, Completion, CompletionData, MemHandle, UctError};
+use uct_core::{Access, AmHandlers, UctError};
 
 use crate::conn::{Conn, Payload};
 use crate::execute::{execute, table_key};
+use crate::hello::{check_hello, Role};
+use crate::pending::{PendingOp, Requests, MAX_GET_BYTES_IN_FLIGHT};
 use crate::wire::{Header, Parsed, WireError, WireKey};
 
 type Result<T, E = UctError> = std::result::Result<T, E>;
 
-/// A request that waits for its reply, and what the reply completes.
-pub(crate) enum PendingOp {
-    /// get_bcopy: the bytes go to the completion.
-    GetBytes(Completion),
-    /// get_zcopy: the bytes are scattered into these (memory, offset,
-    /// length) pieces.
-    GetIov(Vec<(MemHandle, usize, usize)>, Option<Completion>),
-    /// A fetching atomic: the old value goes to the completion.
-    Atomic(Completion),
-    /// A flush of endpoint `ep`.
-    Flush { ep: u32, comp: Option<Completion> },
-}
+/// Frames of one link handled by one progress call.
+pub(crate) const FRAME_BUDGET: usize = 1024;
+/// Bytes of one link consumed by one progress call (a frame in progress is
+/// finished first).
+pub(crate) const BYTE_BUDGET: usize = 32 << 20;
+/// Replies waiting to be written above which the peer's requests wait: more
+/// than a well-behaved peer can cause (its gets in flight are capped at
+/// MAX_GET_BYTES_IN_FLIGHT, its other requests have small answers), so that
+/// two well-behaved peers never both stop reading.
+pub(crate) const REPLY_QUEUE_LIMIT: usize = MAX_GET_BYTES_IN_FLIGHT + (4 << 20);
+/// Connections of this process closed before their Hello, for the log.
+static UNAUTHENTICATED_CLOSED: AtomicU64 = AtomicU64::new(0);
+/// How often the timeouts of a link are looked at.
+const CHECK_EVERY: Duration = Duration::from_millis(100);
+/// How often `check` probes the socket.
+const PROBE_EVERY: Duration = Duration::from_millis(5);
 
-impl PendingOp {
-    /// Completes the operation with `result` (no data).
-    fn finish(self, result: Result<()>) {
-        match self {
-            PendingOp::GetBytes(comp) | PendingOp::Atomic(comp) => comp.finish(result),
-            PendingOp::GetIov(_, comp) | PendingOp::Flush { comp, .. } => {
-                if let Some(comp) = comp {
-                    comp.finish(result)
-                }
-            }
-        }
-    }
-}
-
-/// A request waiting for its reply, and when it was sent.
-struct Pending {
-    op: PendingOp,
-    since: Instant,
-}
-
-/// Request ids carry the endpoint in their high bits, so that a refusal
-/// (Nack) is reported to the endpoint that sent the request.
-fn req_id(ep: u32, seq: u64) -> u64 {
-    ((ep as u64) << 40) | (seq & ((1 << 40) - 1))
-}
-
-/// The endpoint that sent request `req`.
-fn req_ep(req: u64) -> u32 {
-    (req >> 40) as u32
+/// How long a link may wait for its peer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    /// A request unanswered for this long fails the link
+    /// (UCT_TCP_PEER_TIMEOUT).
+    pub(crate) peer: Duration,
+    /// An accepted link that has not said Hello by then is closed
+    /// (UCT_BOOTSTRAP_TIMEOUT).
+    pub(crate) hello: Duration,
 }
 
 /// Puts of at least this much data are read straight into their target.
@@ -106,99 +100,151 @@ impl AmBatch {
 /// One connection, both roles.
 pub(crate) struct Link {
     pub(crate) conn: Conn,
-    /// Where the other side's iface listens, once known: its hello, or the
-    /// address this side connected to.
-    pub(crate) remote_iface: Option<SocketAddr>,
-    pending: HashMap<u64, Pending>,
-    next_seq: u64,
-    next_ep: u32,
-    /// Refusals of requests without a reply of their own (put, add), by
-    /// endpoint; returned by that endpoint's next flush.
-    nacks: HashMap<u32, UctError>,
+    /// Who is on the other end.
+    pub(crate) role: Role,
+    /// The cookie of our iface, which an accepted link's Hello must echo.
+    cookie: u64,
+    requests: Requests,
     /// The connection failed: every operation on it fails with this.
     pub(crate) failed: Option<UctError>,
-    /// A request unanswered for this long fails the link.
-    timeout: Duration,
+    timeouts: Timeouts,
     last_check: Instant,
+    last_probe: Instant,
     direct: Option<Direct>,
+    /// Frames wait in the receive buffer (budget spent, or the peer's
+    /// requests paused): progress the link even if its socket is quiet.
+    backlog: bool,
 }
 
 impl Link {
-    pub(crate) fn new(conn: Conn, remote_iface: Option<SocketAddr>, timeout: Duration) -> Link {
+    pub(crate) fn new(conn: Conn, role: Role, cookie: u64, timeouts: Timeouts) -> Link {
+        let now = Instant::now();
         Link {
             conn,
-            remote_iface,
-            pending: HashMap::new(),
-            next_seq: 1,
-            next_ep: 1,
-            nacks: HashMap::new(),
+            role,
+            cookie,
+            requests: Requests::default(),
             failed: None,
-            timeout,
-            last_check: Instant::now(),
+            timeouts,
+            last_check: now,
+            last_probe: now,
             direct: None,
+            backlog: false,
         }
     }
 
+    /// The peer, for messages: its iface once known, else the socket's.
     fn peer(&self) -> String {
-        self.conn.peer()
+        match self.role.peer() {
+            Some(p) => p.to_string(),
+            None => self.conn.peer(),
+        }
     }
 
     /// A new endpoint id on this link.
     pub(crate) fn new_ep_id(&mut self) -> u32 {
-        let id = self.next_ep;
-        self.next_ep = self.next_ep.wrapping_add(1).max(1) & 0xff_ffff;
-        id
+        self.requests.new_ep_id()
+    }
+
+    /// Endpoint `ep` is gone.
+    pub(crate) fn forget_ep(&mut self, ep: u32) {
+        self.requests.forget_ep(ep);
     }
 
     /// The next request id of endpoint `ep`.
     pub(crate) fn next_req(&mut self, ep: u32) -> u64 {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        req_id(ep, seq)
+        self.requests.next_req(ep)
+    }
+
+    /// Whether a request (a get of `get_bytes`, or 0) may be sent now.
+    pub(crate) fn has_room_for_request(&self, get_bytes: usize) -> bool {
+        self.requests.has_room(get_bytes)
     }
 
     /// Records a request that waits for its reply.
-    pub(crate) fn add_pending(&mut self, req: u64, op: PendingOp) {
-        self.pending.insert(
-            req,
-            Pending {
-                op,
-                since: Instant::now(),
-            },
-        );
+    pub(crate) fn add_pending(&mut self, req: u64, op: PendingOp, get_bytes: usize) {
+        self.requests.add(req, op, get_bytes);
     }
 
-    /// Whether a large put is being read into its target.
-    pub(crate) fn reading_direct(&self) -> bool {
-        self.direct.is_some()
+    /// Whether progress must visit the link even if its socket is quiet.
+    pub(crate) fn wants_progress(&self) -> bool {
+        self.direct.is_some() || self.backlog
+    }
+
+    /// When the link was accepted, while it has not said Hello.
+    pub(crate) fn awaiting_hello_since(&self) -> Option<Instant> {
+        match self.role {
+            Role::AwaitingHello(since) => Some(since),
+            _ => None,
+        }
     }
 
     /// Fails the link when a request has waited longer than the peer
-    /// timeout. Checked a few times a second, not on every progress call.
+    /// timeout, or an accepted link has not said Hello within the bootstrap
+    /// timeout. Looked at a few times a second, not on every call.
     fn check_timeout(&mut self) -> Result<()> {
-        if self.pending.is_empty() || self.last_check.elapsed() < Duration::from_millis(100) {
+        let awaiting = self.awaiting_hello_since();
+        if (self.requests.is_empty() && awaiting.is_none())
+            || self.last_check.elapsed() < CHECK_EVERY
+        {
             return Ok(());
         }
         self.last_check = Instant::now();
-        if let Some(oldest) = self.pending.values().map(|p| p.since).min() {
-            if oldest.elapsed() > self.timeout {
+        if let Some(since) = awaiting {
+            if since.elapsed() > self.timeouts.hello {
+                return Err(UctError::Timeout(format!(
+                    "tcp: {} connected and said no Hello within {:?} (UCT_BOOTSTRAP_TIMEOUT); closed",
+                    self.conn.peer(),
+                    self.timeouts.hello
+                )));
+            }
+        }
+        if let Some(oldest) = self.requests.oldest() {
+            if oldest.elapsed() > self.timeouts.peer {
                 return Err(UctError::EndpointFailed(format!(
                     "tcp peer {} left a request unanswered for {:?} (UCT_TCP_PEER_TIMEOUT); it is dead or stuck",
                     self.peer(),
-                    self.timeout
+                    self.timeouts.peer
                 )));
             }
         }
         Ok(())
     }
 
+    /// Fails every operation on the link with `err` and closes the
+    /// connection (the peer sees it closed now).
     pub(crate) fn fail(&mut self, err: UctError) {
-        log::debug!("tcp link to {}: {err}", self.peer());
-        for (_, pending) in self.pending.drain() {
-            pending.op.finish(Err(err.clone()));
+        if self.failed.is_some() {
+            return;
         }
+        log::debug!("tcp link to {}: {err}", self.peer());
+        self.requests.fail_all(&err);
         self.conn.fail_queued(&err);
-        self.failed.get_or_insert(err);
+        self.conn.close();
+        self.failed = Some(err);
+    }
+
+    /// The liveness check of the endpoints on this link: the error that
+    /// failed it, or a probe of the socket (rate-limited) that finds a peer
+    /// that closed the connection or died, even with nothing outstanding,
+    /// and the peer timeout.
+    pub(crate) fn check_alive(&mut self) -> Result<()> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.last_probe.elapsed() < PROBE_EVERY {
+            return Ok(());
+        }
+        self.last_probe = Instant::now();
+        let found = match self.conn.peer_gone() {
+            Some(e) => Err(e),
+            None => self.check_timeout(),
+        };
+        if let Err(e) = found {
+            self.fail(e.clone());
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// The socket and the readiness to wait for, while the link works.
@@ -218,7 +264,7 @@ impl Link {
         })
     }
 
-    /// With nothing to read or write: only the peer timeout.
+    /// With nothing to read or write: only the timeouts.
     pub(crate) fn idle(&mut self) {
         if self.failed.is_none() {
             if let Err(e) = self.check_timeout() {
@@ -227,9 +273,9 @@ impl Link {
         }
     }
 
-    /// Writes, reads, executes requests and matches replies; active
-    /// messages go to `ams`. A link that fails is marked failed; a peer
-    /// that sends nonsense is cut off.
+    /// Writes, reads, executes requests and matches replies, within the
+    /// budget of one call; active messages go to `ams`. A link that fails
+    /// is marked failed and closed; a peer that sends nonsense is cut off.
     pub(crate) fn progress(&mut self, table: &RegionTable, ams: &mut AmBatch) -> usize {
         if self.failed.is_some() {
             return 0;
@@ -238,7 +284,7 @@ impl Link {
             Ok(n) => n,
             Err(e) => {
                 if matches!(e, UctError::Protocol(_)) {
-                    log::warn!("tcp: closing the connection from {}: {e}", self.peer());
+                    self.log_cut_off(&e);
                 }
                 self.fail(e);
                 1
@@ -246,49 +292,94 @@ impl Link {
         }
     }
 
+    /// Says why a peer is cut off: always for a peer that said Hello; for
+    /// connections refused before it, the first and every 1000th (a flood
+    /// of junk connections must not flood the log).
+    fn log_cut_off(&self, e: &UctError) {
+        if self.awaiting_hello_since().is_none() {
+            log::warn!("tcp: closing the connection from {}: {e}", self.peer());
+            return;
+        }
+        let n = UNAUTHENTICATED_CLOSED.fetch_add(1, Ordering::Relaxed) + 1;
+        if n % 1000 == 1 {
+            log::warn!(
+                "tcp: closing the connection from {} before its Hello: {e} ({n} such so far, one in 1000 logged)",
+                self.conn.peer()
+            );
+        }
+    }
+
     fn progress_inner(&mut self, table: &RegionTable, ams: &mut AmBatch) -> Result<usize> {
-        let mut events = 0;
-        loop {
+        let mut frames = 0;
+        let mut bytes = 0;
+        self.backlog = false;
+        'turn: loop {
             if self.direct.is_some() {
-                match self.direct_step(table)? {
+                match self.direct_step(table, &mut bytes)? {
                     None => break,
                     Some(refused) => {
-                        events += 1;
+                        frames += 1;
                         let req = self.direct.take().map(|d| d.req).unwrap_or(0);
                         if let Some(error) = refused {
-                            self.conn.send(
-                                &Header::Nack {
-                                    req,
-                                    error: WireError::from(&error),
-                                },
-                                Payload::None,
-                                None,
-                            )?;
+                            let error = WireError::from(&error);
+                            self.conn
+                                .queue_reply(&Header::Nack { req, error }, Payload::None)?;
                         }
                     }
                 }
             }
             self.conn.write_out()?;
             self.conn.read_in()?;
-            let mut replies: Vec<(Header, Payload)> = Vec::new();
             loop {
-                match self.conn.peek().map_err(UctError::Protocol)? {
+                if frames >= FRAME_BUDGET || bytes >= BYTE_BUDGET {
+                    self.backlog = true;
+                    break 'turn;
+                }
+                let parsed = self.conn.peek().map_err(UctError::Protocol)?;
+                let header = match &parsed {
+                    Parsed::Incomplete => break,
+                    Parsed::Frame { header, .. } | Parsed::HeaderOnly { header, .. } => header,
+                };
+                if self.awaiting_hello_since().is_some() {
+                    let peer = check_hello(header, self.cookie, self.conn.peer_ip())
+                        .map_err(UctError::Protocol)?;
+                    // A Hello carries no data: it is whole once parsed.
+                    let Parsed::Frame { total, .. } = parsed else {
+                        break;
+                    };
+                    log::debug!("tcp: {} said Hello as {peer}", self.conn.peer());
+                    self.role = Role::Accepted(peer);
+                    self.conn.consume(total);
+                    frames += 1;
+                    bytes += total;
+                    continue;
+                }
+                if !is_reply(header) && self.conn.replies_queued() > REPLY_QUEUE_LIMIT {
+                    // The peer does not read its answers: its requests wait
+                    // (and, once the receive buffer is full, its socket).
+                    self.backlog = true;
+                    break 'turn;
+                }
+                match parsed {
                     Parsed::Frame {
                         header,
                         data_at,
                         data_len,
                         total,
                     } => {
-                        events += 1;
+                        frames += 1;
+                        bytes += total;
                         if is_reply(&header) {
                             let data = self.conn.data(data_at, data_len).to_vec();
                             self.conn.consume(total);
-                            self.on_reply(header, data)?;
+                            self.requests.on_reply(header, data)?;
                         } else {
                             let data = self.conn.data(data_at, data_len);
-                            let reply = execute(table, ams, &mut self.remote_iface, header, data)?;
-                            replies.extend(reply);
+                            let reply = execute(table, ams, header, data)?;
                             self.conn.consume(total);
+                            if let Some((header, payload)) = reply {
+                                self.conn.queue_reply(&header, payload)?;
+                            }
                         }
                     }
                     Parsed::HeaderOnly {
@@ -297,42 +388,12 @@ impl Link {
                         data_len,
                         have,
                     } if data_len >= DIRECT_MIN => {
-                        // What is here goes in now; the rest straight from
-                        // the socket. The whole range is checked first, so a
-                        // refusal names the put, not a piece of it.
-                        let first = self.conn.data(data_at, have);
-                        let checked = table.access(
-                            &table_key(key),
-                            addr,
-                            data_len as u64,
-                            Access::REMOTE_WRITE,
-                            |dst| {
-                                // SAFETY: `access` checked [dst, dst + data_len)
-                                // for remote write and keeps it registered
-                                // while this closure runs; have <= data_len
-                                // (parse returns HeaderOnly only for a frame
-                                // not yet complete); `first` is the receive
-                                // buffer, which no region overlaps.
-                                unsafe { std::ptr::copy_nonoverlapping(first.as_ptr(), dst, have) }
-                            },
-                        );
-                        self.conn.consume(data_at + have);
-                        self.direct = Some(Direct {
-                            req,
-                            key,
-                            // A peer-chosen address: wrap, never overflow (a range that
-                            // wraps was refused by `access` above).
-                            addr: addr.wrapping_add(have as u64),
-                            remaining: data_len - have,
-                            error: checked.err(),
-                        });
+                        self.start_direct(table, req, key, addr, data_at, data_len, have);
+                        bytes += data_at + have;
                         break;
                     }
                     _ => break,
                 }
-            }
-            for (header, payload) in replies {
-                self.conn.send(&header, payload, None)?;
             }
             if self.direct.is_none() {
                 break;
@@ -340,12 +401,60 @@ impl Link {
         }
         self.conn.write_out()?;
         self.check_timeout()?;
-        Ok(events)
+        Ok(frames)
     }
 
-    /// Reads the rest of a large put into its target. None: the socket has
-    /// nothing more now; Some(refusal): the put is complete.
-    fn direct_step(&mut self, table: &RegionTable) -> Result<Option<Option<UctError>>> {
+    /// Starts a large put: what is here goes in now, the rest straight from
+    /// the socket. The whole range is checked first, so that a refusal
+    /// names the put, not a piece of it.
+    // The fields of the parsed frame, each named; a struct would only
+    // rename them.
+    #[allow(clippy::too_many_arguments)]
+    fn start_direct(
+        &mut self,
+        table: &RegionTable,
+        req: u64,
+        key: WireKey,
+        addr: u64,
+        data_at: usize,
+        data_len: usize,
+        have: usize,
+    ) {
+        let first = self.conn.data(data_at, have);
+        let checked = table.access(
+            &table_key(key),
+            addr,
+            data_len as u64,
+            Access::REMOTE_WRITE,
+            |dst| {
+                // SAFETY: `access` checked [dst, dst + data_len) for remote
+                // write and keeps it registered while this closure runs;
+                // have <= data_len (parse returns HeaderOnly only for a
+                // frame not yet complete); `first` is the receive buffer,
+                // which no region overlaps.
+                unsafe { std::ptr::copy_nonoverlapping(first.as_ptr(), dst, have) }
+            },
+        );
+        self.conn.consume(data_at + have);
+        self.direct = Some(Direct {
+            req,
+            key,
+            // A peer-chosen address: wrap, never overflow (a range that
+            // wraps was refused by `access` above).
+            addr: addr.wrapping_add(have as u64),
+            remaining: data_len - have,
+            error: checked.err(),
+        });
+    }
+
+    /// Reads the rest of a large put into its target, adding the bytes
+    /// read to `bytes`. None: the socket has nothing more now;
+    /// Some(refusal): the put is complete.
+    fn direct_step(
+        &mut self,
+        table: &RegionTable,
+        bytes: &mut usize,
+    ) -> Result<Option<Option<UctError>>> {
         let Some(put) = self.direct.as_mut() else {
             return Ok(Some(None));
         };
@@ -384,91 +493,16 @@ impl Link {
             }
             put.addr = put.addr.wrapping_add(received as u64);
             put.remaining -= received;
+            *bytes += received;
         }
         Ok(Some(put.error.take()))
-    }
-
-    /// Completes the pending operation a reply answers.
-    fn on_reply(&mut self, header: Header, data: Vec<u8>) -> Result<()> {
-        let unknown = |req| UctError::Protocol(format!("reply to unknown request {req}"));
-        let mismatch = |what: &str| UctError::Protocol(format!("{what} reply to another request"));
-        match header {
-            Header::GetReply { req, error } => {
-                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.op {
-                    PendingOp::GetBytes(comp) => match error {
-                        Some(e) => comp.finish(Err(e.into())),
-                        None => {
-                            comp.set_data(CompletionData::Bytes(data));
-                            comp.finish(Ok(()));
-                        }
-                    },
-                    PendingOp::GetIov(iov, comp) => {
-                        let result = match error {
-                            Some(e) => Err(e.into()),
-                            None => scatter(&iov, &data),
-                        };
-                        if let Some(comp) = comp {
-                            comp.finish(result);
-                        }
-                    }
-                    other => {
-                        other.finish(Err(mismatch("get")));
-                        return Err(mismatch("get"));
-                    }
-                }
-            }
-            Header::AtomicReply { req, old, error } => {
-                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.op {
-                    PendingOp::Atomic(comp) => match error {
-                        Some(e) => comp.finish(Err(e.into())),
-                        None => {
-                            comp.set_data(CompletionData::Value(old));
-                            comp.finish(Ok(()));
-                        }
-                    },
-                    other => {
-                        other.finish(Err(mismatch("atomic")));
-                        return Err(mismatch("atomic"));
-                    }
-                }
-            }
-            Header::FlushReply { req } => {
-                match self.pending.remove(&req).ok_or_else(|| unknown(req))?.op {
-                    PendingOp::Flush { ep, comp } => {
-                        let result = match self.nacks.remove(&ep) {
-                            Some(e) => Err(e),
-                            None => Ok(()),
-                        };
-                        if let Some(comp) = comp {
-                            comp.finish(result);
-                        }
-                    }
-                    other => {
-                        other.finish(Err(mismatch("flush")));
-                        return Err(mismatch("flush"));
-                    }
-                }
-            }
-            Header::Nack { req, error } => {
-                let e: UctError = error.into();
-                log::debug!(
-                    "tcp link to {}: the peer refused request {req}: {e}",
-                    self.peer()
-                );
-                self.nacks.entry(req_ep(req)).or_insert(e);
-            }
-            other => return Err(UctError::Protocol(format!("unexpected {other:?}"))),
-        }
-        Ok(())
     }
 }
 
 impl Drop for Link {
     fn drop(&mut self) {
         let err = UctError::Canceled("the tcp connection was closed".into());
-        for (_, pending) in self.pending.drain() {
-            pending.op.finish(Err(err.clone()));
-        }
+        self.requests.fail_all(&err);
         self.conn.fail_queued(&err);
     }
 }
@@ -482,21 +516,4 @@ fn is_reply(header: &Header) -> bool {
             | Header::FlushReply { .. }
             | Header::Nack { .. }
     )
-}
-
-/// Copies a get reply into the iov list it was asked for.
-fn scatter(iov: &[(MemHandle, usize, usize)], data: &[u8]) -> Result<()> {
-    let want: usize = iov.iter().map(|(_, _, l)| l).sum();
-    if want != data.len() {
-        return Err(UctError::Protocol(format!(
-            "get reply has {} bytes, {want} asked for",
-            data.len()
-        )));
-    }
-    let mut at = 0;
-    for (mem, off, len) in iov {
-        mem.write(*off, &data[at..at + len])?;
-        at += len;
-    }
-    Ok(())
 }

@@ -160,11 +160,15 @@ pub enum Header {
         req: u64,
         error: WireError,
     },
-    /// First frame of a connection: where the connecting iface listens, so
-    /// that the other side sends its own requests back on it.
+    /// First frame of a connection, from the side that connected, and only
+    /// then: who it is (where its iface listens, `addr` and `port`, and
+    /// that iface's `cookie`) and `echo`, the cookie of the iface it
+    /// connected to, which it can only have from the address exchange.
     Hello {
         addr: [u8; 16],
         port: u16,
+        cookie: u64,
+        echo: u64,
     },
 }
 
@@ -267,6 +271,7 @@ pub fn check_data_len(header: &Header, data_len: usize) -> Result<(), String> {
     let ok = match header {
         Header::Get { .. } | Header::Atomic { .. } | Header::AtomicReply { .. } => data_len == 0,
         Header::Flush { .. } | Header::FlushReply { .. } | Header::Nack { .. } => data_len == 0,
+        Header::Hello { .. } => data_len == 0,
         _ => true,
     };
     if ok {
@@ -442,6 +447,12 @@ mod tests {
             Header::Nack {
                 req: 6,
                 error: error.clone(),
+            },
+            Header::Hello {
+                addr: [7; 16],
+                port: 8,
+                cookie: 9,
+                echo: 10,
             },
         ];
         for h in &fixed {

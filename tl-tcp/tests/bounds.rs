@@ -17,8 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    closed_within, connect, frame, honest_hello, read_for, write_all, Peer, Rng, Victim,
-    VICTIM_REGION,
+    closed_within, connect, frame, honest_hello, write_all, Peer, Rng, Victim, VICTIM_REGION,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
 use tl_tcp::wire::{parse, Header, Parsed, WireError};

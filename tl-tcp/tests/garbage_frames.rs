@@ -4,7 +4,7 @@
 //! the error it deserves, and a good peer then completes a transfer.
 
 use std::io::{Read, Write};
-use std::net::{Ipv6Addr, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -183,9 +183,12 @@ fn check_reply(request: &Header, reply: &Header, max_data: usize) {
     assert!(ok, "{request:?} was answered {reply:?}");
 }
 
-fn connect(addr: SocketAddr) -> TcpStream {
-    let s =
+/// A connection that has said Hello (echoing the listener's cookie), as
+/// every link must first.
+fn connect(addr: SocketAddr, hello: &[u8]) -> TcpStream {
+    let mut s =
         TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect to the listener");
+    s.write_all(hello).expect("say Hello");
     s.set_nonblocking(true).unwrap();
     s
 }
@@ -212,17 +215,23 @@ fn ten_thousand_random_frames_then_a_good_transfer() {
     )
     .unwrap();
 
-    let ip: [u8; 16] = rx.device_address().try_into().unwrap();
-    let port = u16::from_le_bytes(rx.iface_address().try_into().unwrap());
-    let v6 = Ipv6Addr::from(ip);
-    let addr = SocketAddr::new(
-        v6.to_ipv4_mapped().map(Into::into).unwrap_or(v6.into()),
-        port,
-    );
+    let listener = tl_tcp::address::parse_addr(&rx.device_address(), &rx.iface_address())
+        .expect("the listener's address");
+    let addr = listener.sock;
+    let hello = encode(
+        &Header::Hello {
+            addr: std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets(),
+            port: 9,
+            cookie: 1,
+            echo: listener.cookie,
+        },
+        0,
+    )
+    .unwrap();
 
     let max_data = rx.attrs().get.max_zcopy;
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
-    let mut conn = connect(addr);
+    let mut conn = connect(addr, &hello);
     let mut reconnects = 0;
     let mut answered = 0;
     let mut sink = vec![0u8; 1 << 16];
@@ -232,7 +241,7 @@ fn ten_thousand_random_frames_then_a_good_transfer() {
     for _ in 0..10_000 {
         let (frame, request) = random_frame(&mut rng);
         if request.is_some() && tainted {
-            conn = connect(addr);
+            conn = connect(addr, &hello);
             reconnects += 1;
         }
         tainted = request.is_none();
@@ -245,7 +254,7 @@ fn ten_thousand_random_frames_then_a_good_transfer() {
                     rx.progress();
                 }
                 Err(_) => {
-                    conn = connect(addr);
+                    conn = connect(addr, &hello);
                     reconnects += 1;
                     sent = 0;
                 }
@@ -269,7 +278,7 @@ fn ten_thousand_random_frames_then_a_good_transfer() {
         loop {
             match conn.read(&mut sink) {
                 Ok(0) => {
-                    conn = connect(addr);
+                    conn = connect(addr, &hello);
                     reconnects += 1;
                     break;
                 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{closed_within, connect, frame, hello, honest_hello, loopback_ip, read_for, Peer};
 use tl_tcp::wire::Header;
-use uct_core::{Completion, EpParams, Iface, Registry};
+use uct_core::{Completion, EpParams, Iface, Registry, Status};
 
 fn open() -> Box<dyn Iface> {
     Registry::global()
@@ -78,7 +78,7 @@ fn a_forged_hello_gets_no_traffic_meant_for_the_peer_it_claims_to_be() {
             iface_addr: peer.iface_address(),
         })
         .unwrap();
-    ep.am_bcopy(7, b"for P only").unwrap();
+    assert_eq!(ep.am_bcopy(7, b"for P only").unwrap(), Status::Done);
     let flush = Completion::new();
     let _ = ep.flush(Some(&flush)).unwrap();
     let t0 = Instant::now();

@@ -17,8 +17,6 @@ use uct_core::{
     Access, Completion, EpParams, Iface, Iov, MemoryType, Registry, RkeyBundle, Status, UctError,
 };
 
-use tl_tcp as _;
-
 const TIMEOUT_MS: u64 = 1500;
 
 fn hex(b: &[u8]) -> String {
@@ -257,7 +255,8 @@ fn silent_peer() -> Result<(), Failed> {
         .to_vec();
     let mut ep = tx.create_ep(EpParams::ToIface {
         device_addr: ip,
-        iface_addr: port.to_le_bytes().to_vec(),
+        // A silent peer has a cookie like any iface; it never checks it.
+        iface_addr: tl_tcp::address::iface_addr(port, 0x0511_3e47),
     })?;
     let mem = tx.md().alloc(64, MemoryType::Host, Access::all())?;
     let rkey = Registry::global()

@@ -54,12 +54,11 @@ pub struct Peer {
 
 impl Peer {
     pub fn of(device_addr: &[u8], iface_addr: &[u8]) -> Peer {
-        let ip: [u8; 16] = device_addr.try_into().expect("a 16-byte device address");
-        let port = u16::from_le_bytes(iface_addr.try_into().expect("a 2-byte iface address"));
+        let a = tl_tcp::address::parse_addr(device_addr, iface_addr).expect("a tcp address");
         Peer {
-            ip,
-            port,
-            cookie: 0,
+            ip: device_addr.try_into().unwrap(),
+            port: a.sock.port(),
+            cookie: a.cookie,
         }
     }
 
@@ -77,7 +76,7 @@ impl Peer {
 
     /// The iface address bytes of this peer.
     pub fn iface_address(&self) -> Vec<u8> {
-        self.port.to_le_bytes().to_vec()
+        tl_tcp::address::iface_addr(self.port, self.cookie)
     }
 }
 
@@ -89,11 +88,12 @@ pub fn loopback_ip() -> [u8; 16] {
 /// A Hello frame claiming to be `claim`, echoing `echo` as the cookie of
 /// the iface it is sent to.
 pub fn hello(claim: Peer, echo: u64) -> Vec<u8> {
-    let _ = echo;
     encode(
         &Header::Hello {
             addr: claim.ip,
             port: claim.port,
+            cookie: claim.cookie,
+            echo,
         },
         0,
     )

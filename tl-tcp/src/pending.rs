@@ -1,0 +1,404 @@
+//! The requests this side sent on a link and what their answers complete,
+//! without I/O. Request ids carry the endpoint in their high bits and a
+//! per-link sequence number below; the peer executes requests in order and
+//! answers in order, so a reply to request n means every request before n
+//! was executed and any refusal (Nack) of it has arrived. A Nack is taken
+//! only for a request that was sent and may still be refused; anything else
+//! a peer answers is a protocol error that closes the link. Gets in flight
+//! are capped, in number and in bytes.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use uct_core::{Completion, CompletionData, MemHandle, UctError};
+
+use crate::iface::MAX_ZCOPY;
+use crate::wire::Header;
+
+type Result<T, E = UctError> = std::result::Result<T, E>;
+
+/// Most bytes of gets in flight on one link (one get of any size is always
+/// allowed). A well-behaved peer thus never has more get replies to queue
+/// for us than this, which is what lets it stop executing the requests of a
+/// peer whose replies pile up (`link.rs`) without ever stopping ours.
+pub(crate) const MAX_GET_BYTES_IN_FLIGHT: usize = MAX_ZCOPY;
+/// Most requests awaiting a reply on one link.
+pub(crate) const MAX_PENDING: usize = 1 << 16;
+
+const SEQ_BITS: u32 = 40;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+const EP_MAX: u32 = 0xff_ffff;
+
+/// A request that waits for its reply, and what the reply completes.
+pub(crate) enum PendingOp {
+    /// get_bcopy: the bytes go to the completion.
+    GetBytes(Completion),
+    /// get_zcopy: the bytes are scattered into these (memory, offset,
+    /// length) pieces.
+    GetIov(Vec<(MemHandle, usize, usize)>, Option<Completion>),
+    /// A fetching atomic: the old value goes to the completion.
+    Atomic(Completion),
+    /// A flush of endpoint `ep`.
+    Flush { ep: u32, comp: Option<Completion> },
+}
+
+impl PendingOp {
+    /// Completes the operation with `result` (no data).
+    fn finish(self, result: Result<()>) {
+        match self {
+            PendingOp::GetBytes(comp) | PendingOp::Atomic(comp) => comp.finish(result),
+            PendingOp::GetIov(_, comp) | PendingOp::Flush { comp, .. } => {
+                if let Some(comp) = comp {
+                    comp.finish(result)
+                }
+            }
+        }
+    }
+}
+
+/// A request waiting for its reply, when it was sent, and the bytes it
+/// asked for (gets).
+struct Pending {
+    op: PendingOp,
+    since: Instant,
+    get_bytes: usize,
+}
+
+fn req_id(ep: u32, seq: u64) -> u64 {
+    ((ep as u64) << SEQ_BITS) | (seq & SEQ_MASK)
+}
+
+fn req_ep(req: u64) -> u32 {
+    (req >> SEQ_BITS) as u32
+}
+
+fn req_seq(req: u64) -> u64 {
+    req & SEQ_MASK
+}
+
+/// The requests of one link.
+pub(crate) struct Requests {
+    pending: HashMap<u64, Pending>,
+    get_bytes: usize,
+    next_seq: u64,
+    /// The peer answered a request of this sequence number: it executed
+    /// every one before, and refused those it refused.
+    answered_seq: u64,
+    next_ep: u32,
+    /// Every endpoint id was handed out once: any may be live.
+    eps_wrapped: bool,
+    /// Refusals of requests without a reply of their own (put, add), by
+    /// endpoint; returned by that endpoint's next flush.
+    nacks: HashMap<u32, UctError>,
+}
+
+impl Default for Requests {
+    fn default() -> Self {
+        Requests {
+            pending: HashMap::new(),
+            get_bytes: 0,
+            next_seq: 1,
+            answered_seq: 0,
+            next_ep: 1,
+            eps_wrapped: false,
+            nacks: HashMap::new(),
+        }
+    }
+}
+
+impl Requests {
+    /// A new endpoint id.
+    pub(crate) fn new_ep_id(&mut self) -> u32 {
+        let id = self.next_ep;
+        if id == EP_MAX {
+            self.eps_wrapped = true;
+            self.next_ep = 1;
+        } else {
+            self.next_ep += 1;
+        }
+        id
+    }
+
+    /// Forgets what endpoint `ep` had to be told (it is gone).
+    pub(crate) fn forget_ep(&mut self, ep: u32) {
+        self.nacks.remove(&ep);
+    }
+
+    /// The id of the next request of endpoint `ep`; the caller sends it
+    /// before another request is numbered, so ids go out in order.
+    pub(crate) fn next_req(&mut self, ep: u32) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        req_id(ep, seq)
+    }
+
+    /// Whether another request (a get of `get_bytes`, or 0) may be sent now;
+    /// false: NoResource until replies come.
+    pub(crate) fn has_room(&self, get_bytes: usize) -> bool {
+        self.pending.len() < MAX_PENDING
+            && (get_bytes == 0
+                || self.get_bytes == 0
+                || self.get_bytes + get_bytes <= MAX_GET_BYTES_IN_FLIGHT)
+    }
+
+    /// Records a request that waits for its reply.
+    pub(crate) fn add(&mut self, req: u64, op: PendingOp, get_bytes: usize) {
+        self.get_bytes += get_bytes;
+        self.pending.insert(
+            req,
+            Pending {
+                op,
+                since: Instant::now(),
+                get_bytes,
+            },
+        );
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// When the oldest request waiting for a reply was sent.
+    pub(crate) fn oldest(&self) -> Option<Instant> {
+        self.pending.values().map(|p| p.since).min()
+    }
+
+    /// Fails every request waiting for a reply.
+    pub(crate) fn fail_all(&mut self, err: &UctError) {
+        for (_, pending) in self.pending.drain() {
+            pending.op.finish(Err(err.clone()));
+        }
+        self.get_bytes = 0;
+    }
+
+    fn take(&mut self, req: u64) -> Result<PendingOp> {
+        let p = self
+            .pending
+            .remove(&req)
+            .ok_or_else(|| UctError::Protocol(format!("reply to unknown request {req}")))?;
+        self.get_bytes -= p.get_bytes;
+        self.answered_seq = self.answered_seq.max(req_seq(req));
+        Ok(p.op)
+    }
+
+    /// Whether a Nack of `req` may be true: the request was sent, not
+    /// answered otherwise, and no later request was answered yet.
+    fn nack_fits(&self, req: u64) -> bool {
+        let (ep, seq) = (req_ep(req), req_seq(req));
+        let ep_known = ep != 0 && ep <= EP_MAX && (self.eps_wrapped || ep < self.next_ep);
+        ep_known
+            && seq > self.answered_seq
+            && seq < self.next_seq
+            && !self.pending.contains_key(&req)
+    }
+
+    /// Completes the request a reply answers. An answer to nothing is a
+    /// protocol error.
+    pub(crate) fn on_reply(&mut self, header: Header, data: Vec<u8>) -> Result<()> {
+        let mismatch = |what: &str| UctError::Protocol(format!("{what} reply to another request"));
+        match header {
+            Header::GetReply { req, error } => match self.take(req)? {
+                PendingOp::GetBytes(comp) => match error {
+                    Some(e) => comp.finish(Err(e.into())),
+                    None => {
+                        comp.set_data(CompletionData::Bytes(data));
+                        comp.finish(Ok(()));
+                    }
+                },
+                PendingOp::GetIov(iov, comp) => {
+                    let result = match error {
+                        Some(e) => Err(e.into()),
+                        None => scatter(&iov, &data),
+                    };
+                    if let Some(comp) = comp {
+                        comp.finish(result);
+                    }
+                }
+                other => {
+                    other.finish(Err(mismatch("get")));
+                    return Err(mismatch("get"));
+                }
+            },
+            Header::AtomicReply { req, old, error } => match self.take(req)? {
+                PendingOp::Atomic(comp) => match error {
+                    Some(e) => comp.finish(Err(e.into())),
+                    None => {
+                        comp.set_data(CompletionData::Value(old));
+                        comp.finish(Ok(()));
+                    }
+                },
+                other => {
+                    other.finish(Err(mismatch("atomic")));
+                    return Err(mismatch("atomic"));
+                }
+            },
+            Header::FlushReply { req } => match self.take(req)? {
+                PendingOp::Flush { ep, comp } => {
+                    let result = match self.nacks.remove(&ep) {
+                        Some(e) => Err(e),
+                        None => Ok(()),
+                    };
+                    if let Some(comp) = comp {
+                        comp.finish(result);
+                    }
+                }
+                other => {
+                    other.finish(Err(mismatch("flush")));
+                    return Err(mismatch("flush"));
+                }
+            },
+            Header::Nack { req, error } => {
+                if !self.nack_fits(req) {
+                    return Err(UctError::Protocol(format!(
+                        "a Nack of request {req}, which this side did not send or the peer already answered"
+                    )));
+                }
+                let e: UctError = error.into();
+                log::debug!("tcp: the peer refused request {req}: {e}");
+                self.nacks.entry(req_ep(req)).or_insert(e);
+            }
+            other => {
+                return Err(UctError::Protocol(format!(
+                    "{} where only a reply fits",
+                    crate::hello::frame_name(&other)
+                )))
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Copies a get reply into the iov list it was asked for.
+fn scatter(iov: &[(MemHandle, usize, usize)], data: &[u8]) -> Result<()> {
+    let want: usize = iov.iter().map(|(_, _, l)| l).sum();
+    if want != data.len() {
+        return Err(UctError::Protocol(format!(
+            "get reply has {} bytes, {want} asked for",
+            data.len()
+        )));
+    }
+    let mut at = 0;
+    for (mem, off, len) in iov {
+        mem.write(*off, &data[at..at + len])?;
+        at += len;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::WireError;
+
+    fn nack(req: u64) -> Header {
+        Header::Nack {
+            req,
+            error: WireError::BadSecret,
+        }
+    }
+
+    fn flush(r: &mut Requests, ep: u32) -> (u64, Completion) {
+        let comp = Completion::new();
+        let req = r.next_req(ep);
+        let op = PendingOp::Flush {
+            ep,
+            comp: Some(comp.clone()),
+        };
+        r.add(req, op, 0);
+        (req, comp)
+    }
+
+    #[test]
+    fn a_nack_of_a_put_sent_and_not_yet_flushed_fails_that_endpoints_flush() {
+        let mut r = Requests::default();
+        let ep = r.new_ep_id();
+        let put = r.next_req(ep);
+        r.on_reply(nack(put), vec![]).unwrap();
+        let (f, comp) = flush(&mut r, ep);
+        r.on_reply(Header::FlushReply { req: f }, vec![]).unwrap();
+        assert_eq!(comp.result(), Err(UctError::BadSecret));
+    }
+
+    #[test]
+    fn nacks_of_requests_never_sent_already_answered_or_awaiting_a_reply_are_refused() {
+        let mut r = Requests::default();
+        let ep = r.new_ep_id();
+        let put = r.next_req(ep);
+        // Never sent: a later sequence number, another endpoint, endpoint 0.
+        assert!(r.on_reply(nack(put + 1), vec![]).is_err());
+        assert!(r
+            .on_reply(nack(req_id(ep + 1, req_seq(put))), vec![])
+            .is_err());
+        assert!(r.on_reply(nack(req_id(0, req_seq(put))), vec![]).is_err());
+        // Awaiting its own reply: a flush is answered, never refused.
+        let (f, comp) = flush(&mut r, ep);
+        assert!(r.on_reply(nack(f), vec![]).is_err());
+        r.on_reply(Header::FlushReply { req: f }, vec![]).unwrap();
+        assert_eq!(comp.result(), Ok(()));
+        // Answered: the flush after the put came back, so the put is done.
+        assert!(r.on_reply(nack(put), vec![]).is_err());
+        // A reply to nothing.
+        assert!(r.on_reply(Header::FlushReply { req: f }, vec![]).is_err());
+        assert!(r.on_reply(Header::Am { id: 1 }, vec![]).is_err());
+    }
+
+    #[test]
+    fn many_nacks_of_one_endpoint_keep_one_refusal() {
+        let mut r = Requests::default();
+        let ep = r.new_ep_id();
+        let reqs: Vec<u64> = (0..1000).map(|_| r.next_req(ep)).collect();
+        for req in reqs {
+            r.on_reply(nack(req), vec![]).unwrap();
+        }
+        assert_eq!(r.nacks.len(), 1);
+        r.forget_ep(ep);
+        assert!(r.nacks.is_empty());
+    }
+
+    #[test]
+    fn gets_in_flight_are_capped_in_bytes_and_requests_in_number() {
+        let mut r = Requests::default();
+        let ep = r.new_ep_id();
+        // One get of any size is allowed alone.
+        assert!(r.has_room(MAX_GET_BYTES_IN_FLIGHT * 2));
+        let get = |r: &mut Requests, len| {
+            let req = r.next_req(ep);
+            r.add(req, PendingOp::GetBytes(Completion::new()), len);
+            req
+        };
+        let a = get(&mut r, MAX_GET_BYTES_IN_FLIGHT / 2);
+        assert!(r.has_room(MAX_GET_BYTES_IN_FLIGHT / 2));
+        let b = get(&mut r, MAX_GET_BYTES_IN_FLIGHT / 2);
+        assert!(!r.has_room(1));
+        assert!(r.has_room(0), "requests that are not gets still go");
+        r.on_reply(
+            Header::GetReply {
+                req: a,
+                error: Some(WireError::BadSecret),
+            },
+            vec![],
+        )
+        .unwrap();
+        assert!(r.has_room(MAX_GET_BYTES_IN_FLIGHT / 2));
+        r.fail_all(&UctError::Canceled("test".into()));
+        assert!(r.is_empty());
+        assert!(r.has_room(MAX_GET_BYTES_IN_FLIGHT));
+        let _ = b;
+        for _ in 0..MAX_PENDING {
+            flush(&mut r, ep);
+        }
+        assert!(!r.has_room(0));
+    }
+
+    #[test]
+    fn endpoint_ids_wrap_and_stay_known() {
+        let mut r = Requests {
+            next_ep: EP_MAX,
+            ..Default::default()
+        };
+        assert_eq!(r.new_ep_id(), EP_MAX);
+        assert_eq!(r.new_ep_id(), 1);
+        let put = r.next_req(EP_MAX);
+        r.on_reply(nack(put), vec![]).unwrap();
+    }
+}
