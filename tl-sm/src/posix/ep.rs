@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use uct_core::atomic_ops::{check_aligned, fetch_at};
 use uct_core::memory::check_host_iov;
@@ -13,33 +14,107 @@ use uct_core::{
 };
 
 use super::fifo::{Push, Ring, SLOT_DATA};
+use super::health::Health;
 use super::iface::{SegmentCache, MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
 use super::PosixRkey;
-use crate::host;
 use crate::segment::{Mapping, Peers, View};
 
-/// A posix endpoint: the peer iface's receive ring, the peer's pid, and
-/// the iface's cache of mapped peer segments.
+/// How often an endpoint looks at its peer (process, iface, ring) at most;
+/// `check` and operations in between answer from what it found.
+const PROBE_INTERVAL: Duration = Duration::from_millis(2);
+/// Operations between two probes made by operations themselves, for loops
+/// that post without calling `check` or progressing the iface.
+const PROBE_EVERY_OPS: u32 = 256;
+
+/// A posix endpoint: the peer iface's receive ring, the peer's pid and
+/// health, and the iface's cache of mapped peer segments.
 pub(crate) struct PosixEp {
     ring: Ring,
     pid: u32,
     cache: SegmentCache,
+    health: Arc<Health>,
+    /// UCT_POSIX_PEER_TIMEOUT: how long the peer's ring may hold messages
+    /// without its tail moving.
+    timeout: Duration,
+    last_probe: Instant,
+    /// The peer's ring held messages and its tail stood at this position
+    /// since then.
+    stall: Option<(Instant, u64)>,
+    ops: u32,
 }
 
 impl PosixEp {
-    pub(crate) fn new(ring: Ring, pid: u32, cache: SegmentCache) -> Self {
-        PosixEp { ring, pid, cache }
+    pub(crate) fn new(
+        ring: Ring,
+        pid: u32,
+        cache: SegmentCache,
+        health: Arc<Health>,
+        timeout: Duration,
+    ) -> Self {
+        PosixEp {
+            ring,
+            pid,
+            cache,
+            health,
+            timeout,
+            last_probe: Instant::now(),
+            stall: None,
+            ops: 0,
+        }
     }
 
-    /// The peer is still there: its iface open, its process alive.
-    fn peer_ok(&self) -> Result<()> {
-        if self.ring.mapping().is_dead() {
-            return Err(UctError::EndpointFailed(
-                "the posix peer iface was closed".into(),
-            ));
+    /// Before every operation: the endpoint has not failed, and every
+    /// [`PROBE_EVERY_OPS`] operations, a probe.
+    #[inline]
+    fn usable(&mut self) -> Result<()> {
+        self.health.failed()?;
+        self.ops = self.ops.wrapping_add(1);
+        if self.ops.is_multiple_of(PROBE_EVERY_OPS) {
+            self.probe(false)?;
         }
-        if !host::pid_alive(self.pid) {
-            return Err(host::peer_gone("posix", self.pid));
+        Ok(())
+    }
+
+    /// Looks at the peer, at most every [`PROBE_INTERVAL`] unless `now`:
+    /// its iface still open, its process alive, its ring drained within
+    /// the peer timeout. A failure fails the endpoint for good.
+    fn probe(&mut self, now: bool) -> Result<()> {
+        self.health.failed()?;
+        let at = Instant::now();
+        if !now && at.duration_since(self.last_probe) < PROBE_INTERVAL {
+            return Ok(());
+        }
+        self.last_probe = at;
+        if self.ring.mapping().is_dead() {
+            return Err(self.health.fail(UctError::EndpointFailed(format!(
+                "the posix iface of process {} was closed",
+                self.pid
+            ))));
+        }
+        self.health.watch()?;
+        self.check_drained(at)
+    }
+
+    /// Fails the endpoint when the peer's ring has held messages for the
+    /// peer timeout without its tail moving: the peer lives but does not
+    /// progress (stopped, or stuck).
+    fn check_drained(&mut self, at: Instant) -> Result<()> {
+        let (head, tail) = (self.ring.shared_head(), self.ring.shared_tail());
+        if head == tail {
+            self.stall = None;
+            return Ok(());
+        }
+        match self.stall {
+            Some((since, seen)) if seen == tail => {
+                if at.duration_since(since) > self.timeout {
+                    return Err(self.health.fail(UctError::Timeout(format!(
+                        "posix peer process {} has not drained its receive ring for {:?} \
+                         (UCT_POSIX_PEER_TIMEOUT); it is stopped or stuck",
+                        self.pid, self.timeout
+                    ))));
+                }
+            }
+            _ => self.stall = Some((at, tail)),
         }
         Ok(())
     }
@@ -124,7 +199,7 @@ impl PosixEp {
         Ok(())
     }
 
-    fn am(&self, id: u8, parts: &[&[u8]]) -> Result<Status> {
+    fn am(&mut self, id: u8, parts: &[&[u8]]) -> Result<Status> {
         if id as usize >= uct_core::iface::AM_ID_MAX {
             return Err(UctError::InvalidParam(format!(
                 "active message id {id} is not below {}",
@@ -133,18 +208,15 @@ impl PosixEp {
         }
         let total: usize = parts.iter().map(|part| part.len()).sum();
         Self::check_size("active message", total, SLOT_DATA)?;
-        if self.ring.mapping().is_dead() {
-            return Err(UctError::EndpointFailed(
-                "the posix peer iface was closed".into(),
-            ));
-        }
-        match self.ring.push(id, parts)? {
-            Push::Done => Ok(Status::Done),
-            Push::Full => {
-                // A full ring of a dead peer stays full: say so.
-                self.peer_ok()?;
+        match self.ring.push(id, parts) {
+            Ok(Push::Done) => Ok(Status::Done),
+            Ok(Push::Full) => {
+                // A full ring of a dead or stalled peer stays full: say so.
+                self.probe(false)?;
                 Ok(Status::NoResource)
             }
+            Err(e @ UctError::Protocol(_)) => Err(self.health.fail(e)),
+            Err(e) => Err(e),
         }
     }
 
@@ -163,11 +235,13 @@ impl PosixEp {
 
 impl Endpoint for PosixEp {
     fn put_short(&mut self, data: &[u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status> {
+        self.usable()?;
         Self::check_size("put_short", data.len(), MAX_SHORT)?;
         self.write(data, remote_addr, rkey)
     }
 
     fn put_bcopy(&mut self, data: &[u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status> {
+        self.usable()?;
         Self::check_size("put_bcopy", data.len(), MAX_BCOPY)?;
         self.write(data, remote_addr, rkey)
     }
@@ -179,6 +253,7 @@ impl Endpoint for PosixEp {
         rkey: &RemoteKey,
         _comp: Option<&Completion>,
     ) -> Result<Status> {
+        self.usable()?;
         let total = Self::check_iov(iov, MAX_ZCOPY)?;
         let dst = self.target(rkey, remote_addr, total, Access::REMOTE_WRITE)?;
         let mut at = 0;
@@ -196,6 +271,7 @@ impl Endpoint for PosixEp {
     }
 
     fn get_short(&mut self, buf: &mut [u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status> {
+        self.usable()?;
         Self::check_size("get_short", buf.len(), MAX_SHORT)?;
         self.read(buf, remote_addr, rkey)?;
         Ok(Status::Done)
@@ -208,6 +284,7 @@ impl Endpoint for PosixEp {
         rkey: &RemoteKey,
         comp: &Completion,
     ) -> Result<Status> {
+        self.usable()?;
         Self::check_size("get_bcopy", len, MAX_BCOPY)?;
         let mut buf = vec![0u8; len];
         self.read(&mut buf, remote_addr, rkey)?;
@@ -222,6 +299,7 @@ impl Endpoint for PosixEp {
         rkey: &RemoteKey,
         _comp: Option<&Completion>,
     ) -> Result<Status> {
+        self.usable()?;
         let total = Self::check_iov(iov, MAX_ZCOPY)?;
         let src = self.target(rkey, remote_addr, total, Access::REMOTE_READ)?;
         let mut at = 0;
@@ -240,10 +318,12 @@ impl Endpoint for PosixEp {
     }
 
     fn am_short(&mut self, id: u8, header: u64, payload: &[u8]) -> Result<Status> {
+        self.usable()?;
         self.am(id, &[&header.to_le_bytes(), payload])
     }
 
     fn am_bcopy(&mut self, id: u8, data: &[u8]) -> Result<Status> {
+        self.usable()?;
         self.am(id, &[data])
     }
 
@@ -254,6 +334,7 @@ impl Endpoint for PosixEp {
         iov: &[Iov<'_>],
         _comp: Option<&Completion>,
     ) -> Result<Status> {
+        self.usable()?;
         Self::check_size("am_zcopy header", header.len(), MAX_AM_HEADER)?;
         Self::check_iov(iov, SLOT_DATA)?;
         let mut parts: Vec<&[u8]> = Vec::with_capacity(iov.len() + 1);
@@ -274,6 +355,7 @@ impl Endpoint for PosixEp {
         remote_addr: u64,
         rkey: &RemoteKey,
     ) -> Result<Status> {
+        self.usable()?;
         self.atomic(FetchOp::Add(value), remote_addr, rkey)?;
         Ok(Status::Done)
     }
@@ -285,6 +367,7 @@ impl Endpoint for PosixEp {
         rkey: &RemoteKey,
         comp: &Completion,
     ) -> Result<Status> {
+        self.usable()?;
         let old = self.atomic(op, remote_addr, rkey)?;
         comp.set_data(CompletionData::Value(old));
         Ok(Status::Done)
@@ -294,11 +377,16 @@ impl Endpoint for PosixEp {
         // Every copy is complete when posted; what is left is whether the
         // peer is still there to see it.
         std::sync::atomic::fence(Ordering::SeqCst);
-        self.peer_ok()?;
+        self.probe(true)?;
         Ok(Status::Done)
     }
 
+    fn check(&mut self) -> Result<()> {
+        self.probe(false)
+    }
+
     fn fence(&mut self) -> Result<Status> {
+        self.usable()?;
         std::sync::atomic::fence(Ordering::SeqCst);
         Ok(Status::Done)
     }

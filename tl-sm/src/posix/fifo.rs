@@ -198,6 +198,11 @@ impl Ring {
         self.header().owner_pid.load(Ordering::Relaxed) as u32
     }
 
+    /// The next position producers claim, as shared memory says.
+    pub(crate) fn shared_head(&self) -> u64 {
+        self.header().head.load(Ordering::Acquire)
+    }
+
     /// The consumer's tail as published in shared memory: moves while the
     /// owner drains.
     pub(crate) fn shared_tail(&self) -> u64 {

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use uct_core::{
     AmHandler, AmHandlers, Caps, Endpoint, EpParams, Iface, IfaceAttrs, MemoryDomain, MemoryType,
@@ -13,6 +14,7 @@ use uct_core::{
 use super::component::TRANSPORT_NAME;
 use super::ep::PosixEp;
 use super::fifo::{self, Ring, SLOT_DATA};
+use super::health::{Health, Watchlist};
 use crate::host;
 use crate::segment::{Mapping, Peers};
 
@@ -118,6 +120,10 @@ pub struct PosixIface {
     attrs: IfaceAttrs,
     handlers: AmHandlers,
     cache: SegmentCache,
+    /// Its endpoints' peers, probed from progress.
+    watchlist: Watchlist,
+    /// UCT_POSIX_PEER_TIMEOUT, for its endpoints.
+    peer_timeout: Duration,
 }
 
 impl PosixIface {
@@ -142,6 +148,8 @@ impl PosixIface {
             attrs: attrs(),
             handlers: AmHandlers::new(TRANSPORT_NAME),
             cache: Arc::default(),
+            watchlist: Watchlist::default(),
+            peer_timeout: super::component::peer_timeout(),
         })
     }
 }
@@ -236,7 +244,15 @@ impl Iface for PosixIface {
             ))
         })?;
         let ring = attach(pid, addr)?;
-        Ok(Box::new(PosixEp::new(ring, pid, self.cache.clone())))
+        let health = Health::new(pid);
+        self.watchlist.add(&health);
+        Ok(Box::new(PosixEp::new(
+            ring,
+            pid,
+            self.cache.clone(),
+            health,
+            self.peer_timeout,
+        )))
     }
 
     fn set_am_handler(&mut self, id: u8, handler: AmHandler) -> Result<()> {
@@ -247,8 +263,10 @@ impl Iface for PosixIface {
         // The ring and the handlers are separate fields: the drain closure
         // borrows only the handlers.
         let handlers = &mut self.handlers;
-        self.ring.drain(|id, data| {
+        let n = self.ring.drain(|id, data| {
             handlers.deliver(id, data);
-        })
+        });
+        self.watchlist.tick();
+        n
     }
 }

@@ -8,6 +8,7 @@
 pub mod component;
 mod ep;
 pub mod fifo;
+mod health;
 mod iface;
 mod md;
 
