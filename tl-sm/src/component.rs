@@ -18,7 +18,10 @@ use crate::posix::{self, PosixMd};
 const NAME: &str = "sm";
 
 /// The variables of both transports.
-const SM_CONFIG: &[ConfigVar] = &[cma::component::PEER_TIMEOUT_VAR];
+const SM_CONFIG: &[ConfigVar] = &[
+    cma::component::PEER_TIMEOUT_VAR,
+    posix::component::PEER_TIMEOUT_VAR,
+];
 
 /// The sm component: memory domains posix and cma, one transport each.
 pub struct SmComponent {
