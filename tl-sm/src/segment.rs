@@ -297,7 +297,8 @@ impl Mapping {
             ))
         }
         .map_err(|e| match e.raw_os_error() {
-            Some(libc::ENOENT) | Some(libc::ESRCH) => UctError::NoSuchRegion { region_id },
+            // ENXIO: the number now names a socket, so the region's was closed.
+            Some(libc::ENOENT | libc::ESRCH | libc::ENXIO) => UctError::NoSuchRegion { region_id },
             Some(libc::EACCES) | Some(libc::EPERM) => UctError::EndpointFailed(format!(
                 "not permitted to open {path} (ptrace rules: different user, or /proc/sys/kernel/yama/ptrace_scope > 1)"
             )),
