@@ -88,9 +88,16 @@ pub(super) const WAIT_LIMIT: Duration = Duration::from_secs(60);
 pub(super) fn probe(ep: &mut dyn Endpoint, turns: &mut u32) -> Result<()> {
     *turns = turns.wrapping_add(1);
     if turns.is_multiple_of(CHECK_EVERY) {
-        ep.check()?;
+        return check(ep);
     }
     Ok(())
+}
+
+/// The probe itself, out of line: the loops that count turns stay small.
+#[cold]
+#[inline(never)]
+fn check(ep: &mut dyn Endpoint) -> Result<()> {
+    Ok(ep.check()?)
 }
 
 /// [`probe`] on the session's endpoint.
@@ -191,52 +198,79 @@ pub(super) fn flush(session: &mut Session) -> Result<()> {
 /// One put or AM of `size` bytes with `layout`, from the send buffer to the
 /// peer's receive buffer. Done or InProgress (the completion, if given,
 /// fires later).
+#[inline]
 pub(super) fn post_data(
     session: &mut Session,
     layout: Layout,
     size: usize,
     comp: Option<&Completion>,
 ) -> Result<()> {
+    // The first try is all a bandwidth run usually needs; retrying, with
+    // its progress, probe and deadline, is kept out of this path.
+    if try_post_data(session, layout, size, comp)? == Status::NoResource {
+        return retry_post_data(session, layout, size, comp);
+    }
+    Ok(())
+}
+
+/// [`post_data`] after the transport said NoResource.
+#[cold]
+#[inline(never)]
+fn retry_post_data(
+    session: &mut Session,
+    layout: Layout,
+    size: usize,
+    comp: Option<&Completion>,
+) -> Result<()> {
+    let mut deadline = Deadline::new("room to post");
+    loop {
+        session.iface.progress();
+        alive(session)?;
+        deadline.tick()?;
+        if try_post_data(session, layout, size, comp)? != Status::NoResource {
+            return Ok(());
+        }
+    }
+}
+
+/// One attempt at [`post_data`].
+#[inline]
+fn try_post_data(
+    session: &mut Session,
+    layout: Layout,
+    size: usize,
+    comp: Option<&Completion>,
+) -> Result<Status> {
     let test = session.params.test;
     // Borrow the fields apart: no handle clones on the hot path.
     let Session {
         ep,
-        iface,
         send,
         peer_rkey: rkey,
         peer_addr: addr,
-        turns,
         ..
     } = session;
     let addr = *addr;
     let data = host_bytes(send, size);
-    let mut deadline = Deadline::new("room to post");
-    loop {
-        let status = match (test.op(), layout) {
-            (Op::Put, Layout::Short) => ep.put_short(data, addr, rkey),
-            (Op::Put, Layout::Bcopy) => ep.put_bcopy(data, addr, rkey),
-            (Op::Put, Layout::Zcopy) => ep.put_zcopy(&[Iov::new(send, 0, size)], addr, rkey, comp),
-            // The first 8 bytes travel as the header.
-            (Op::Am, Layout::Short) => {
-                let mut header = [0u8; 8];
-                header[..size.min(8)].copy_from_slice(&data[..size.min(8)]);
-                ep.am_short(AM_ID, u64::from_le_bytes(header), &data[8.min(size)..])
-            }
-            (Op::Am, Layout::Bcopy) => ep.am_bcopy(AM_ID, data),
-            (Op::Am, Layout::Zcopy) => ep.am_zcopy(AM_ID, &[], &[Iov::new(send, 0, size)], comp),
-            _ => {
-                return Err(PerfError::Protocol(
-                    "post_data is for puts and active messages".into(),
-                ))
-            }
-        }?;
-        if status != Status::NoResource {
-            return Ok(());
+    let status = match (test.op(), layout) {
+        (Op::Put, Layout::Short) => ep.put_short(data, addr, rkey),
+        (Op::Put, Layout::Bcopy) => ep.put_bcopy(data, addr, rkey),
+        (Op::Put, Layout::Zcopy) => ep.put_zcopy(&[Iov::new(send, 0, size)], addr, rkey, comp),
+        // The first 8 bytes travel as the header.
+        (Op::Am, Layout::Short) => {
+            let mut header = [0u8; 8];
+            header[..size.min(8)].copy_from_slice(&data[..size.min(8)]);
+            ep.am_short(AM_ID, u64::from_le_bytes(header), &data[8.min(size)..])
         }
-        iface.progress();
-        probe(ep.as_mut(), turns)?;
-        deadline.tick()?;
-    }
+        (Op::Am, Layout::Bcopy) => ep.am_bcopy(AM_ID, data),
+        (Op::Am, Layout::Zcopy) => ep.am_zcopy(AM_ID, &[], &[Iov::new(send, 0, size)], comp),
+        _ => {
+            return Err(PerfError::Protocol(
+                "post_data is for puts and active messages".into(),
+            ))
+        }
+    }?;
+    Ok(status)
 }
 
 /// One get of `size` bytes into the send buffer.
