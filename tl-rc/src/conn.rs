@@ -2,8 +2,15 @@
 //! bounce and receive buffers, and the calls into verbs. What is posted and
 //! what a completion means is decided by the send tracker ([`crate::tx`]);
 //! this file carries it out.
+//!
+//! A failure moves the QP to the error state first, so that the NIC stops,
+//! and each operation is failed (its memory released) only when its own
+//! flushed completion says the NIC is done with it; after [`DRAIN_LIMIT`]
+//! without one, the rest fail and their memory is kept until the QP is
+//! destroyed. Dropping a connection does the same, within the limit.
 
 use std::collections::VecDeque;
+use std::net::Ipv6Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,8 +20,9 @@ use uct_core::{
     Access, Completion, CompletionData, MemHandle, MemoryDomain, MemoryType, Result, UctError,
 };
 
+use crate::keepalive::{Death, Liveness, SendQueue, Verdict};
 use crate::qp::{wc_opcode, wc_status, Cq, LocalPath, Qp, RemoteQp};
-use crate::tx::{FlushNeed, Signal, TxEvent, TxOp, TxTracker, WcOpcode, WcStatus, SEQ_LIMIT};
+use crate::tx::{FlushNeed, Plan, Signal, TxEvent, TxOp, TxTracker, WcOpcode, WcStatus, SEQ_LIMIT};
 use crate::wire::Immediate;
 
 /// Size of one bounce or receive segment: the largest bcopy and AM.
@@ -26,6 +34,15 @@ pub(crate) const MAX_IOV: usize = 8;
 /// Receive work requests carry this bit and their segment; send ones are
 /// the tracker's ids, below it.
 const RECV_BIT: u64 = SEQ_LIMIT;
+/// After a failure, how long to wait for the flushed completions of the
+/// operations outstanding before failing them anyway (their memory then
+/// stays until the QP is destroyed).
+const DRAIN_LIMIT: Duration = Duration::from_secs(1);
+/// `check` looks at the clock once in this many calls, and `progress` once
+/// in this many idle polls: reading it each time would cost more than the
+/// poll.
+const CHECK_EVERY: u32 = 16;
+const IDLE_POLLS_EVERY: u32 = 256;
 
 /// What the user learns when an operation completes.
 pub(crate) enum Delivery {
@@ -37,6 +54,8 @@ pub(crate) enum Delivery {
     Bytes(Completion),
     /// A fetching atomic: the old value, from the op's bounce segment.
     Value(Completion),
+    /// A keepalive: its completion is a sign of life.
+    Keepalive,
 }
 
 impl Delivery {
@@ -47,7 +66,7 @@ impl Delivery {
 
     fn fail(self, error: &UctError) {
         match self {
-            Delivery::Nothing | Delivery::Complete(None) => {}
+            Delivery::Nothing | Delivery::Complete(None) | Delivery::Keepalive => {}
             Delivery::Complete(Some(c)) | Delivery::Bytes(c) | Delivery::Value(c) => {
                 c.finish(Err(error.clone()))
             }
@@ -60,14 +79,20 @@ pub(crate) struct OpData {
     pub delivery: Delivery,
     /// Bounce segment to free on completion.
     pub seg: Option<usize>,
-    /// Zero-copy memory, alive until the completion.
-    pub _keep: Vec<MemHandle>,
+    /// Zero-copy memory, alive until the completion (or, when the
+    /// completion never came, until the QP is destroyed).
+    pub keep: Vec<MemHandle>,
 }
 
 type Events = Vec<TxEvent<OpData, Completion>>;
 
 /// An rc endpoint's verbs resources and state; shared by the endpoint and
 /// its iface, which polls it.
+///
+/// The QP is the first field, so that it is destroyed (and the NIC is done
+/// with every posted request) before anything its requests point at: the
+/// bounce and receive buffers, the operations' memory in `tx`, and
+/// `quarantine`.
 pub(crate) struct Connection {
     pub(crate) qp: Qp,
     cq: Arc<Cq>,
@@ -85,16 +110,21 @@ pub(crate) struct Connection {
     /// Active messages received, for the iface to deliver: id, receive
     /// segment and length. The segment is reposted after delivery.
     pub(crate) ams: VecDeque<(u8, usize, usize)>,
-    device: String,
-    /// With operations outstanding and no completion for this long, the
-    /// peer is taken for dead: some NICs (rxe) never time out a QP whose
-    /// peer is gone.
-    peer_timeout: Duration,
-    /// When the clock last saw progress; `saw_progress` records progress
-    /// seen since, without reading the clock each time.
-    last_completion: Instant,
+    /// The device, and once connected the peer's QP and GID: what errors
+    /// name.
+    label: String,
+    /// Probes the peer and finds it dead (UCT_RC_PEER_TIMEOUT).
+    live: Liveness,
+    /// Progress seen since the clock was last read: `live` learns it at the
+    /// next tick, so that the clock is not read on every poll.
     saw_progress: bool,
     idle_polls: u32,
+    checks: u32,
+    /// When the connection failed (the QP went to the error state).
+    failed_at: Option<Instant>,
+    /// The memory of operations failed without their completion: the NIC
+    /// may still reach it until the QP is destroyed.
+    quarantine: Vec<MemHandle>,
     /// Reused completion array.
     wcs: Vec<ibv_wc>,
 }
@@ -130,11 +160,13 @@ impl Connection {
             recv,
             recv_lkey,
             ams: VecDeque::new(),
-            device: device.to_string(),
-            peer_timeout: queues.peer_timeout,
-            last_completion: Instant::now(),
+            label: device.to_string(),
+            live: Liveness::new(queues.peer_timeout, Instant::now()),
             saw_progress: false,
             idle_polls: 0,
+            checks: 0,
+            failed_at: None,
+            quarantine: Vec::new(),
             // SAFETY: ibv_wc is plain C data (integers and a union of
             // integers): all zeroes is a valid value.
             wcs: (0..16).map(|_| unsafe { std::mem::zeroed() }).collect(),
@@ -159,10 +191,37 @@ impl Connection {
         Ok(())
     }
 
+    /// Fails the endpoint: the QP goes to the error state, so that the NIC
+    /// stops and flushes what is posted; each operation fails when its
+    /// flushed completion comes back (or at the drain limit).
     fn fail(&mut self, error: UctError) {
-        log::debug!("rc {}: endpoint failed: {error}", self.device);
+        if self.failed_at.is_none() {
+            log::debug!("rc {}: endpoint failed: {error}", self.label);
+            self.qp.to_error();
+            self.failed_at = Some(Instant::now());
+        }
         let mut events = std::mem::take(&mut self.events);
         self.tx.fail(error, &mut events);
+        self.apply(&mut events, 0);
+        self.events = events;
+    }
+
+    /// Stops waiting for flushed completions: the operations still
+    /// outstanding fail now, and their memory stays until the QP is
+    /// destroyed.
+    fn give_up(&mut self) {
+        log::debug!(
+            "rc {}: {} operations without a flushed completion after {DRAIN_LIMIT:?}; their memory is kept until the QP is destroyed",
+            self.label,
+            self.tx.outstanding()
+        );
+        let mut events = std::mem::take(&mut self.events);
+        self.tx.give_up(&mut events);
+        for event in &mut events {
+            if let TxEvent::Failed { payload, .. } = event {
+                self.quarantine.append(&mut payload.keep);
+            }
+        }
         self.apply(&mut events, 0);
         self.events = events;
     }
@@ -186,7 +245,7 @@ impl Connection {
                 TxEvent::FlushFailed(c, error) => c.finish(Err(error)),
                 TxEvent::Stray { wr_id } => log::debug!(
                     "rc {}: a completion for work request {wr_id}, which is not outstanding",
-                    self.device
+                    self.label
                 ),
             }
         }
@@ -196,6 +255,7 @@ impl Connection {
         let at = op.seg.unwrap_or(0) * SEG;
         match op.delivery {
             Delivery::Nothing | Delivery::Complete(None) => {}
+            Delivery::Keepalive => self.live.probe_answered(),
             Delivery::Complete(Some(c)) => c.finish(Ok(())),
             Delivery::Bytes(c) => {
                 let mut data = vec![0u8; byte_len.min(SEG)];
@@ -229,7 +289,7 @@ impl Connection {
             let n = match self.cq.poll(wcs) {
                 Ok(n) => n,
                 Err(e) => {
-                    self.fail(e.on(&self.device).into());
+                    self.fail(e.on(&self.label).into());
                     return total + 1;
                 }
             };
@@ -241,34 +301,79 @@ impl Connection {
                 self.saw_progress = true;
             }
             if n < wcs.len() {
-                // Reading the clock on every poll would cost more than the
-                // poll: look at it every few thousand idle polls.
                 self.idle_polls = self.idle_polls.wrapping_add(1);
-                if self.idle_polls.is_multiple_of(4096) && self.peer_timed_out() {
-                    let error = UctError::EndpointFailed(format!(
-                        "rc {}: no work completion for {:?} with {} operations outstanding; the peer is dead or unreachable (UCT_RC_PEER_TIMEOUT)",
-                        self.device, self.peer_timeout, self.tx.outstanding()
-                    ));
-                    self.qp.to_error();
-                    self.fail(error);
-                    return total + 1;
+                if self.idle_polls.is_multiple_of(IDLE_POLLS_EVERY) {
+                    self.tick(Instant::now());
                 }
                 return total;
             }
         }
     }
 
-    /// Whether operations have waited for a completion longer than the
-    /// peer timeout.
-    fn peer_timed_out(&mut self) -> bool {
-        if self.tx.outstanding() == 0
-            || self.tx.failure().is_some()
-            || std::mem::take(&mut self.saw_progress)
-        {
-            self.last_completion = Instant::now();
-            return false;
+    /// The liveness probe, like uct_ep_check: the endpoint's failure, if
+    /// any. Every few calls it also reads the clock: it sends a keepalive
+    /// when due, and finds the peer dead within the peer timeout.
+    pub(crate) fn check(&mut self) -> Result<()> {
+        self.checks = self.checks.wrapping_add(1);
+        if self.checks.is_multiple_of(CHECK_EVERY) {
+            self.tick(Instant::now());
         }
-        self.last_completion.elapsed() > self.peer_timeout
+        match self.tx.failure() {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// What the clock says: after a failure, whether to stop waiting for
+    /// flushed completions; before, whether to probe the peer or give it
+    /// up.
+    fn tick(&mut self, now: Instant) {
+        if std::mem::take(&mut self.saw_progress) {
+            self.live.sign_of_life(now);
+        }
+        if let Some(at) = self.failed_at {
+            if self.tx.outstanding() > 0 && now.saturating_duration_since(at) > DRAIN_LIMIT {
+                self.give_up();
+            }
+            return;
+        }
+        if !self.connected {
+            return;
+        }
+        let queue = SendQueue {
+            outstanding: self.tx.outstanding(),
+            tail_signalled: self.tx.tail_signalled(),
+            credits: self.tx.credits(),
+        };
+        match self.live.tick(now, queue) {
+            Verdict::Alive => {}
+            Verdict::Probe => match self.post_keepalive() {
+                Ok(()) => self.live.probe_sent(now),
+                Err(e) => self.fail(e),
+            },
+            Verdict::Dead(death) => {
+                let error = self.death(death);
+                self.fail(error);
+            }
+        }
+    }
+
+    /// The error for a peer found dead.
+    fn death(&self, death: Death) -> UctError {
+        let timeout = self.live.peer_timeout();
+        UctError::EndpointFailed(match death {
+            Death::Silent {
+                waited,
+                outstanding,
+            } => format!(
+                "rc {}: no work completion for {waited:?} with {outstanding} operations outstanding; the peer is dead or unreachable (UCT_RC_PEER_TIMEOUT={timeout:?})",
+                self.label
+            ),
+            Death::KeepaliveUnanswered { waited } => format!(
+                "rc {}: a keepalive got no answer in {waited:?}; the peer is dead or unreachable (UCT_RC_PEER_TIMEOUT={timeout:?})",
+                self.label
+            ),
+        })
     }
 
     fn on_completion(&mut self, wc: &ibv_wc) {
@@ -282,6 +387,13 @@ impl Connection {
             .complete(wc.wr_id, &status, wc_opcode(wc.opcode), &mut events);
         self.apply(&mut events, wc.byte_len);
         self.events = events;
+        if self.failed_at.is_none() {
+            // The tracker failed on this completion (an error status, a
+            // wrong opcode): the rest of the failure path is ours.
+            if let Some(error) = self.tx.failure().cloned() {
+                self.fail(error);
+            }
+        }
     }
 
     fn on_receive(&mut self, wc: &ibv_wc, status: WcStatus) {
@@ -295,7 +407,7 @@ impl Connection {
             if self.tx.failure().is_none() {
                 self.fail(UctError::EndpointFailed(format!(
                     "rc {}: a receive failed with work completion status {name} ({code}), vendor error {vendor_err:#x}",
-                    self.device
+                    self.label
                 )));
             }
             return;
@@ -305,7 +417,7 @@ impl Connection {
         {
             self.fail(UctError::Protocol(format!(
                 "rc {}: a receive completed with {} and no immediate",
-                self.device,
+                self.label,
                 wc_opcode(wc.opcode)
             )));
             return;
@@ -319,7 +431,7 @@ impl Connection {
                 let len = (wc.byte_len as usize).min(SEG);
                 self.ams.push_back((id, seg, len));
             }
-            Err(e) => self.fail(UctError::Protocol(format!("rc {}: {e}", self.device))),
+            Err(e) => self.fail(UctError::Protocol(format!("rc {}: {e}", self.label))),
         }
     }
 
@@ -392,6 +504,30 @@ impl Connection {
         } else {
             Signal::Moderated
         });
+        if self.post_planned(wr, data, expect, what, plan)? {
+            // The peer timeout counts from the first op outstanding, to the
+            // moment: the queue seldom empties while it is busy, so the
+            // clock is read seldom.
+            self.live.sign_of_life(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// How to post a keepalive (signalled, unfenced).
+    pub(crate) fn keepalive_plan(&self) -> Plan {
+        self.tx.plan_keepalive()
+    }
+
+    /// Posts `wr` as `plan` says; returns whether it is the only operation
+    /// outstanding.
+    pub(crate) fn post_planned(
+        &mut self,
+        wr: &mut ibv_send_wr,
+        data: OpData,
+        expect: WcOpcode,
+        what: &'static str,
+        plan: Plan,
+    ) -> Result<bool> {
         wr.wr_id = plan.seq;
         if plan.signalled {
             wr.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -401,7 +537,8 @@ impl Connection {
         }
         // SAFETY: the SGEs point into this connection's bounce buffer
         // (registered, alive as long as the QP), into memory the op keeps
-        // alive in `data.keep` until its completion, or are inline.
+        // alive in `data.keep` until its completion (or the QP's
+        // destruction), or are inline.
         if let Err(e) = unsafe { self.qp.post_send(wr) } {
             self.tx.abandon(plan);
             let e = UctError::from(e);
@@ -416,11 +553,7 @@ impl Connection {
             what,
             payload: data,
         };
-        if self.tx.post(plan, op) {
-            // The peer timeout counts from the first op outstanding.
-            self.saw_progress = true;
-        }
-        Ok(())
+        Ok(self.tx.post(plan, op))
     }
 
     /// Flushes: done now, or `comp` fires when everything posted before
@@ -453,6 +586,40 @@ impl Connection {
         }
         self.qp.connect(local, self.psn, remote)?;
         self.connected = true;
+        self.label = format!(
+            "{} to peer QP {:#x} at {}",
+            self.label,
+            remote.qpn,
+            Ipv6Addr::from(remote.gid)
+        );
+        self.tx.rename(&self.label);
+        self.live.sign_of_life(Instant::now());
         Ok(())
+    }
+}
+
+impl Drop for Connection {
+    /// Operations still outstanding fail (Canceled) once the NIC is done
+    /// with them: the QP goes to the error state and its flushed completions
+    /// are polled, for at most [`DRAIN_LIMIT`]; memory whose completion
+    /// did not come stays until the QP is destroyed (the first field).
+    fn drop(&mut self) {
+        if self.tx.outstanding() == 0 {
+            // No flush waits either: flushes wait only for operations.
+            return;
+        }
+        self.fail(UctError::Canceled(format!(
+            "rc {}: the endpoint was destroyed with the operation outstanding",
+            self.label
+        )));
+        let start = Instant::now();
+        while self.tx.outstanding() > 0 && start.elapsed() < DRAIN_LIMIT {
+            if self.progress() == 0 {
+                std::thread::yield_now();
+            }
+        }
+        if self.tx.outstanding() > 0 {
+            self.give_up();
+        }
     }
 }

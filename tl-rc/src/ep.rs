@@ -301,6 +301,10 @@ impl Endpoint for RcEp {
         Ok(Status::Done)
     }
 
+    fn check(&mut self) -> Result<()> {
+        self.lock().check()
+    }
+
     fn ep_address(&self) -> Result<Vec<u8>> {
         let conn = self.lock();
         Ok(EpAddress {

@@ -5,6 +5,7 @@
 //! The files, as in every transport: `component.rs` (the component and its
 //! configuration), `md.rs` (the memory domain), `iface.rs`, `ep.rs`; and
 //! for rc: `tx.rs` (the send side as a state machine without verbs),
+//! `keepalive.rs` (when to probe the peer and when to give it up),
 //! `conn.rs` (the endpoint's verbs I/O and completions), `post.rs` (building
 //! each kind of work request), `qp.rs` (completion queues and
 //! queue pairs, public so that tests can play a hostile peer with raw
@@ -14,6 +15,7 @@ pub mod component;
 mod conn;
 mod ep;
 pub mod iface;
+pub mod keepalive;
 pub mod md;
 mod post;
 pub mod qp;

@@ -187,7 +187,7 @@ impl Connection {
         let data = OpData {
             delivery: Delivery::Nothing,
             seg,
-            _keep: Vec::new(),
+            keep: Vec::new(),
         };
         self.post(&mut wr, data, expect, what, false)?;
         Ok(Status::Done)
@@ -218,7 +218,7 @@ impl Connection {
         let data = OpData {
             delivery: Delivery::Bytes(comp.clone()),
             seg: Some(seg),
-            _keep: Vec::new(),
+            keep: Vec::new(),
         };
         self.post(&mut wr, data, WcOpcode::RdmaRead, "get_bcopy", false)?;
         Ok(Status::InProgress)
@@ -245,7 +245,7 @@ impl Connection {
         let data = OpData {
             delivery: Delivery::Complete(comp.cloned()),
             seg: None,
-            _keep: keep,
+            keep,
         };
         self.post(&mut wr, data, direction.expect, direction.what, false)?;
         Ok(Status::InProgress)
@@ -286,7 +286,7 @@ impl Connection {
         let data = OpData {
             delivery: Delivery::Complete(comp.cloned()),
             seg: Some(seg),
-            _keep: keep,
+            keep,
         };
         self.post(&mut wr, data, WcOpcode::Send, "am_zcopy", false)?;
         Ok(Status::InProgress)
@@ -332,7 +332,7 @@ impl Connection {
         let data = OpData {
             delivery,
             seg: Some(seg),
-            _keep: Vec::new(),
+            keep: Vec::new(),
         };
         self.post(&mut wr, data, expect, "an atomic", false)?;
         Ok(Status::InProgress)
@@ -346,9 +346,27 @@ impl Connection {
         let data = OpData {
             delivery: Delivery::Nothing,
             seg: None,
-            _keep: Vec::new(),
+            keep: Vec::new(),
         };
         self.post(&mut wr, data, WcOpcode::Send, "flush", true)
+    }
+
+    /// A keepalive: a signalled zero-length RDMA write. It needs no remote
+    /// memory (a zero-length access checks no rkey, IBA C9-88; rxe, mlx5
+    /// follow it) and consumes no receive buffer of the peer; its
+    /// completion shows the peer's NIC still answers for the QP. It also
+    /// makes the completions of unsignalled posts before it visible.
+    pub(crate) fn post_keepalive(&mut self) -> Result<()> {
+        let mut wr = empty_wr(ibv_wr_opcode::IBV_WR_RDMA_WRITE, &mut []);
+        set_rdma(&mut wr, 0, 0);
+        let data = OpData {
+            delivery: Delivery::Keepalive,
+            seg: None,
+            keep: Vec::new(),
+        };
+        let plan = self.keepalive_plan();
+        self.post_planned(&mut wr, data, WcOpcode::RdmaWrite, "a keepalive", plan)?;
+        Ok(())
     }
 }
 

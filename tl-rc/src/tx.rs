@@ -7,7 +7,12 @@
 //! RC completes a queue's work requests in order, so one signalled
 //! completion also completes every unsignalled request posted before it. A
 //! failed one fails the endpoint: every operation still outstanding fails,
-//! none reports success after it.
+//! none reports success after it. But the NIC may still be working on an
+//! operation until its own completion (a flush error, once the I/O layer
+//! has moved the QP to the error state) comes back, so each failed
+//! operation, and the memory it keeps, is released only then, or when the
+//! I/O layer gives up waiting ([`TxTracker::give_up`]) and keeps the memory
+//! until the QP is destroyed.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -163,6 +168,12 @@ impl<T, F> TxTracker<T, F> {
         }
     }
 
+    /// Names the endpoint in errors from now on (the device and, once
+    /// connected, the peer).
+    pub fn rename(&mut self, name: &str) {
+        self.device = name.to_string();
+    }
+
     /// Posts still allowed in flight.
     pub fn credits(&self) -> u32 {
         self.credits
@@ -199,6 +210,23 @@ impl<T, F> TxTracker<T, F> {
             signalled,
             fenced: std::mem::take(&mut self.fence),
         }
+    }
+
+    /// How to post a keepalive: signalled, and leaving a pending fence to
+    /// the next real post (a fenced keepalive would not order it).
+    pub fn plan_keepalive(&self) -> Plan {
+        Plan {
+            seq: self.next_seq,
+            signalled: true,
+            fenced: false,
+        }
+    }
+
+    /// Whether the last post was signalled (true when nothing is
+    /// outstanding): if not, a live peer's completions of the posts since
+    /// the last signalled one never become visible.
+    pub fn tail_signalled(&self) -> bool {
+        self.tail_signalled
     }
 
     /// A planned post that was not made: its fence is pending again.
@@ -241,16 +269,18 @@ impl<T, F> TxTracker<T, F> {
         opcode: WcOpcode,
         events: &mut Vec<TxEvent<T, F>>,
     ) {
+        if self.failure.is_some() {
+            // Draining: whatever its status, the completion says the NIC is
+            // done with this operation and every one before it.
+            self.release_through(wr_id, events);
+            return;
+        }
         if let WcStatus::Failed {
             name,
             code,
             vendor_err,
         } = status
         {
-            if self.failure.is_some() {
-                // The rest of the queue, flushed after the first error.
-                return;
-            }
             let what = self
                 .position(wr_id)
                 .map_or("an operation", |i| self.ops[i].op.what);
@@ -259,12 +289,11 @@ impl<T, F> TxTracker<T, F> {
                 self.device
             ));
             self.fail(error, events);
+            self.release_through(wr_id, events);
             return;
         }
         let Some(last) = self.position(wr_id) else {
-            if self.failure.is_none() {
-                events.push(TxEvent::Stray { wr_id });
-            }
+            events.push(TxEvent::Stray { wr_id });
             return;
         };
         for index in 0..=last {
@@ -296,21 +325,47 @@ impl<T, F> TxTracker<T, F> {
         }
     }
 
-    /// Fails the endpoint: every outstanding operation and flush fails with
-    /// `error` (the first failure is the one kept).
-    pub fn fail(&mut self, error: UctError, events: &mut Vec<TxEvent<T, F>>) {
-        for posted in self.ops.drain(..) {
+    /// After a failure: the operations up to `wr_id` (if it is outstanding)
+    /// are done with, and fail; once none is left, so do the flushes.
+    fn release_through(&mut self, wr_id: u64, events: &mut Vec<TxEvent<T, F>>) {
+        let count = self.position(wr_id).map_or(0, |i| i + 1);
+        self.release(count, events);
+    }
+
+    fn release(&mut self, count: usize, events: &mut Vec<TxEvent<T, F>>) {
+        let Some(error) = self.failure.clone() else {
+            return;
+        };
+        for posted in self.ops.drain(..count) {
             self.credits += 1;
             events.push(TxEvent::Failed {
                 payload: posted.op.payload,
                 error: error.clone(),
             });
         }
-        for flush in self.flushes.drain(..) {
-            events.push(TxEvent::FlushFailed(flush, error.clone()));
+        if self.ops.is_empty() {
+            self.tail_signalled = true;
+            for flush in self.flushes.drain(..) {
+                events.push(TxEvent::FlushFailed(flush, error.clone()));
+            }
         }
-        self.tail_signalled = true;
+    }
+
+    /// Fails the endpoint with `error` (the first failure is the one
+    /// kept). Operations still outstanding fail as their completions come
+    /// back ([`complete`](Self::complete)), or at [`give_up`](Self::give_up);
+    /// waiting flushes fail once none is left.
+    pub fn fail(&mut self, error: UctError, events: &mut Vec<TxEvent<T, F>>) {
         self.failure.get_or_insert(error);
+        self.release(0, events);
+    }
+
+    /// After a failure, stops waiting for completions: every operation
+    /// still outstanding, and every flush, fails now. The I/O layer keeps
+    /// their memory until the QP is destroyed.
+    pub fn give_up(&mut self, events: &mut Vec<TxEvent<T, F>>) {
+        let count = self.ops.len();
+        self.release(count, events);
     }
 
     /// Orders the next post after every one before it.

@@ -244,7 +244,7 @@ fn live_idle_peer_stays_healthy() -> Result<(), Failed> {
 /// max_zcopy is refused with a named error before anything is posted.
 fn zcopy_over_max_zcopy_is_refused() -> Result<(), Failed> {
     let mut rc = Rc::open()?;
-    let limits = rc.iface.attrs().put.clone();
+    let limits = rc.iface.attrs().put;
     let entries = limits.max_iov.max(1);
     let piece = limits.max_zcopy / entries + 1;
     let (mut a, _b) = rc.pair()?;

@@ -144,18 +144,23 @@ fn an_error_in_the_middle_fails_everything_after_and_nothing_succeeds() {
     let plans = post_n(&mut tx, 0, 8);
     let events = error(&mut tx, plans[3].seq);
     assert!(done_ids(&events).is_empty());
-    assert_eq!(failed_ids(&events), (0..8).collect::<Vec<_>>());
+    // The NIC is done with those up to the failed one; the rest wait for
+    // their flushed completions.
+    assert_eq!(failed_ids(&events), (0..4).collect::<Vec<_>>());
+    assert_eq!(tx.outstanding(), 4);
     let e = tx.failure().expect("failed").to_string();
     assert!(
         e.contains("put_bcopy failed with work completion status remote access error (10)"),
         "{e}"
     );
     assert!(e.contains("vendor error 0x88"), "{e}");
-    // The rest of the queue comes back flushed, or even successful: no
-    // operation reports anything twice.
-    assert!(error(&mut tx, plans[4].seq).is_empty());
-    assert!(ok(&mut tx, plans[7].seq).is_empty());
+    // The rest of the queue comes back flushed, or even successful: each
+    // fails once, none succeeds.
+    assert_eq!(failed_ids(&error(&mut tx, plans[4].seq)), vec![4]);
+    assert_eq!(failed_ids(&ok(&mut tx, plans[7].seq)), vec![5, 6, 7]);
+    assert!(ok(&mut tx, plans[7].seq).is_empty(), "reported twice");
     assert!(matches!(tx.ready(), Err(UctError::EndpointFailed(_))));
+    assert_eq!(tx.credits(), 256);
 }
 
 #[test]
@@ -165,12 +170,67 @@ fn flush_and_fence_after_failure_return_the_failure() {
     let mut events = Vec::new();
     tx.fail(UctError::EndpointFailed("first".into()), &mut events);
     tx.fail(UctError::EndpointFailed("second".into()), &mut events);
-    assert_eq!(failed_ids(&events), vec![0, 1]);
+    assert!(failed_ids(&events).is_empty(), "released before the NIC");
     let first = UctError::EndpointFailed("first".into());
     assert_eq!(tx.flush(), Err(first.clone()));
     assert_eq!(tx.fence(), Err(first.clone()));
-    assert_eq!(tx.ready(), Err(first));
-    assert_eq!(tx.credits(), 256, "credits come back on failure");
+    assert_eq!(tx.ready(), Err(first.clone()));
+    tx.give_up(&mut events);
+    assert_eq!(failed_ids(&events), vec![0, 1]);
+    assert!(events.iter().all(|e| matches!(
+        e,
+        TxEvent::Failed { error, .. } if *error == first
+    )));
+    assert_eq!(tx.credits(), 256, "credits come back on release");
+    assert_eq!(tx.outstanding(), 0);
+}
+
+#[test]
+fn give_up_releases_everything_and_fails_the_flushes_once() {
+    let mut tx = Tracker::new("rxe0:1", 256);
+    post_n(&mut tx, 0, 3);
+    tx.add_flush("waiting");
+    let mut events = Vec::new();
+    tx.give_up(&mut events);
+    assert!(events.is_empty(), "nothing to give up before a failure");
+    assert_eq!(tx.outstanding(), 3);
+    tx.fail(UctError::Canceled("dropped".into()), &mut events);
+    tx.give_up(&mut events);
+    assert_eq!(failed_ids(&events), vec![0, 1, 2]);
+    let flushes = events
+        .iter()
+        .filter(|e| matches!(e, TxEvent::FlushFailed("waiting", UctError::Canceled(_))))
+        .count();
+    assert_eq!(flushes, 1);
+    let mut again = Vec::new();
+    tx.give_up(&mut again);
+    assert!(again.is_empty());
+    assert!(ok(&mut tx, 2).is_empty(), "a late completion after give_up");
+}
+
+#[test]
+fn a_failure_with_nothing_outstanding_fails_waiting_flushes_at_once() {
+    let mut tx = Tracker::new("rxe0:1", 256);
+    tx.add_flush("waiting");
+    let mut events = Vec::new();
+    tx.fail(UctError::EndpointFailed("dead".into()), &mut events);
+    assert!(matches!(events[..], [TxEvent::FlushFailed("waiting", _)]));
+}
+
+#[test]
+fn a_keepalive_leaves_the_fence_to_the_next_post() {
+    let mut tx = Tracker::new("rxe0:1", 256);
+    post_n(&mut tx, 0, 1);
+    assert!(!tx.tail_signalled());
+    tx.fence().unwrap();
+    let keepalive = tx.plan_keepalive();
+    assert!(keepalive.signalled && !keepalive.fenced);
+    tx.post(keepalive, op(1));
+    assert!(tx.tail_signalled());
+    assert!(
+        tx.plan(Signal::Moderated).fenced,
+        "the fence is still pending"
+    );
 }
 
 #[test]
@@ -252,7 +312,9 @@ fn an_error_with_an_unknown_id_still_fails_the_endpoint() {
     let mut tx = Tracker::new("rxe0:1", 256);
     post_n(&mut tx, 0, 3);
     let events = error(&mut tx, 999);
-    assert_eq!(failed_ids(&events), vec![0, 1, 2]);
+    // It names none of them: they wait for their own completions.
+    assert!(failed_ids(&events).is_empty());
+    assert_eq!(tx.outstanding(), 3);
     let e = tx.failure().expect("failed").to_string();
     assert!(
         e.contains("an operation failed with work completion status"),
@@ -343,6 +405,12 @@ fn a_failure_fails_waiting_flushes() {
     let plans = post_n(&mut tx, 0, 2);
     tx.add_flush("waiting");
     let events = error(&mut tx, plans[0].seq);
+    assert_eq!(failed_ids(&events), vec![0]);
+    assert!(
+        !events.iter().any(|e| matches!(e, TxEvent::FlushFailed(..))),
+        "the flush failed with an operation still in the NIC"
+    );
+    let events = error(&mut tx, plans[1].seq);
     assert!(events.iter().any(|e| matches!(
         e,
         TxEvent::FlushFailed("waiting", UctError::EndpointFailed(_))

@@ -48,6 +48,9 @@ pub fn device() -> Option<String> {
     }
 }
 
+/// An endpoint of the iface.
+pub type Ep = Box<dyn Endpoint>;
+
 /// An rc iface on the test device, with its component and MD.
 pub struct Rc {
     pub comp: IbComponent,
@@ -79,7 +82,7 @@ impl Rc {
     }
 
     /// Two endpoints of this iface connected to each other.
-    pub fn pair(&mut self) -> Result<(Box<dyn Endpoint>, Box<dyn Endpoint>), Failed> {
+    pub fn pair(&mut self) -> Result<(Ep, Ep), Failed> {
         let (mut a, mut b) = (self.ep()?, self.ep()?);
         let dev = self.iface.device_address();
         let (aa, ba) = (a.ep_address()?, b.ep_address()?);

@@ -1,0 +1,255 @@
+//! When an rc endpoint probes its peer, and when it gives the peer up: a
+//! pure function of the clock and the send tracker's state, with no verbs
+//! in it, so that it is unit-tested on any host.
+//!
+//! RC says nothing about a peer while nothing is posted, and some NICs
+//! (rxe) never time out a request whose peer is gone. So:
+//! - with operations outstanding and the last one signalled, the peer is
+//!   dead when no completion came for the peer timeout;
+//! - otherwise (nothing outstanding, or only unsignalled operations, whose
+//!   completions a live peer would never make visible) a keepalive goes out
+//!   after half the peer timeout without a completion: a signalled
+//!   zero-length RDMA write, which needs no remote memory and consumes no
+//!   receive buffer. If it has not completed within the other half, the peer
+//!   is dead.
+//!
+//! Either way a peer that dies is found within the peer timeout of its last
+//! sign of life, give or take how often the endpoint looks at the clock.
+
+use std::time::{Duration, Instant};
+
+/// What the tracker says about the send queue, for [`Liveness::tick`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendQueue {
+    /// Operations posted and not completed.
+    pub outstanding: usize,
+    /// Whether the last post was signalled (true when none is outstanding).
+    pub tail_signalled: bool,
+    /// Posts still allowed.
+    pub credits: u32,
+}
+
+/// What to do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing.
+    Alive,
+    /// Post a keepalive, then call [`Liveness::probe_sent`].
+    Probe,
+    /// The peer is dead.
+    Dead(Death),
+}
+
+/// How the peer was found dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Death {
+    /// No completion for `waited`, with operations outstanding.
+    Silent {
+        waited: Duration,
+        outstanding: usize,
+    },
+    /// A keepalive sent `waited` ago never completed.
+    KeepaliveUnanswered { waited: Duration },
+}
+
+/// The liveness state of one endpoint.
+#[derive(Debug)]
+pub struct Liveness {
+    peer_timeout: Duration,
+    /// The last completion, or the first post after a quiet spell.
+    last_sign: Instant,
+    /// When the keepalive still outstanding was posted.
+    probe: Option<Instant>,
+}
+
+impl Liveness {
+    /// A peer that showed a sign of life at `now`.
+    pub fn new(peer_timeout: Duration, now: Instant) -> Self {
+        Liveness {
+            peer_timeout,
+            last_sign: now,
+            probe: None,
+        }
+    }
+
+    /// The peer timeout.
+    pub fn peer_timeout(&self) -> Duration {
+        self.peer_timeout
+    }
+
+    /// How long without a completion before a keepalive goes out; the rest
+    /// of the peer timeout is what the keepalive is given.
+    pub fn interval(&self) -> Duration {
+        self.peer_timeout / 2
+    }
+
+    /// A completion came (the peer's NIC answered), or the first post after
+    /// nothing was outstanding: the clock starts again.
+    pub fn sign_of_life(&mut self, now: Instant) {
+        self.last_sign = now;
+    }
+
+    /// The keepalive was posted at `now`.
+    pub fn probe_sent(&mut self, now: Instant) {
+        self.probe = Some(now);
+    }
+
+    /// The keepalive completed.
+    pub fn probe_answered(&mut self) {
+        self.probe = None;
+    }
+
+    /// Whether a keepalive is outstanding.
+    pub fn probing(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    /// What to do at `now`, given the send queue.
+    pub fn tick(&self, now: Instant, queue: SendQueue) -> Verdict {
+        if let Some(sent) = self.probe {
+            let waited = now.saturating_duration_since(sent);
+            if waited > self.peer_timeout - self.interval() {
+                return Verdict::Dead(Death::KeepaliveUnanswered { waited });
+            }
+            return Verdict::Alive;
+        }
+        let quiet = now.saturating_duration_since(self.last_sign);
+        if queue.outstanding > 0 && (queue.tail_signalled || queue.credits == 0) {
+            // A completion is due: wait for it, up to the peer timeout.
+            if quiet > self.peer_timeout {
+                return Verdict::Dead(Death::Silent {
+                    waited: quiet,
+                    outstanding: queue.outstanding,
+                });
+            }
+            return Verdict::Alive;
+        }
+        if quiet >= self.interval() && queue.credits > 0 {
+            Verdict::Probe
+        } else {
+            Verdict::Alive
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_secs(10);
+
+    fn queue(outstanding: usize, tail_signalled: bool) -> SendQueue {
+        SendQueue {
+            outstanding,
+            tail_signalled,
+            credits: 100,
+        }
+    }
+
+    fn idle() -> SendQueue {
+        queue(0, true)
+    }
+
+    #[test]
+    fn an_idle_endpoint_probes_after_half_the_timeout_and_only_once() {
+        let t0 = Instant::now();
+        let mut live = Liveness::new(T, t0);
+        assert_eq!(
+            live.tick(t0 + T / 2 - Duration::from_millis(1), idle()),
+            Verdict::Alive
+        );
+        assert_eq!(live.tick(t0 + T / 2, idle()), Verdict::Probe);
+        live.probe_sent(t0 + T / 2);
+        assert!(live.probing());
+        // Outstanding now: the keepalive itself, signalled.
+        assert_eq!(
+            live.tick(t0 + T / 2 + T / 4, queue(1, true)),
+            Verdict::Alive
+        );
+    }
+
+    #[test]
+    fn an_answered_probe_starts_the_clock_again() {
+        let t0 = Instant::now();
+        let mut live = Liveness::new(T, t0);
+        live.probe_sent(t0 + T / 2);
+        live.probe_answered();
+        live.sign_of_life(t0 + T / 2 + Duration::from_millis(1));
+        assert!(!live.probing());
+        assert_eq!(live.tick(t0 + T, idle()), Verdict::Alive);
+        assert_eq!(
+            live.tick(t0 + T + Duration::from_millis(1), idle()),
+            Verdict::Probe
+        );
+    }
+
+    #[test]
+    fn an_unanswered_probe_finds_the_peer_dead_within_the_timeout() {
+        let t0 = Instant::now();
+        let mut live = Liveness::new(T, t0);
+        let sent = t0 + T / 2;
+        live.probe_sent(sent);
+        assert_eq!(live.tick(t0 + T, queue(1, true)), Verdict::Alive);
+        let late = t0 + T + Duration::from_millis(1);
+        assert_eq!(
+            live.tick(late, queue(1, true)),
+            Verdict::Dead(Death::KeepaliveUnanswered {
+                waited: late - sent
+            })
+        );
+    }
+
+    #[test]
+    fn a_signalled_tail_is_waited_for_up_to_the_timeout_without_probes() {
+        let t0 = Instant::now();
+        let live = Liveness::new(T, t0);
+        assert_eq!(live.tick(t0 + T, queue(3, true)), Verdict::Alive);
+        let late = t0 + T + Duration::from_millis(1);
+        assert_eq!(
+            live.tick(late, queue(3, true)),
+            Verdict::Dead(Death::Silent {
+                waited: T + Duration::from_millis(1),
+                outstanding: 3
+            })
+        );
+    }
+
+    #[test]
+    fn an_unsignalled_tail_is_probed_not_taken_for_dead() {
+        // A live peer never makes unsignalled completions visible: without
+        // a probe, one put and a quiet spell would look like a dead peer.
+        let t0 = Instant::now();
+        let live = Liveness::new(T, t0);
+        assert_eq!(live.tick(t0 + T / 2, queue(1, false)), Verdict::Probe);
+        assert_eq!(live.tick(t0 + 3 * T, queue(1, false)), Verdict::Probe);
+    }
+
+    #[test]
+    fn no_credit_no_probe() {
+        let t0 = Instant::now();
+        let live = Liveness::new(T, t0);
+        let full = SendQueue {
+            outstanding: 0,
+            tail_signalled: true,
+            credits: 0,
+        };
+        assert_eq!(live.tick(t0 + T, full), Verdict::Alive);
+        let stuck = SendQueue {
+            outstanding: 8,
+            tail_signalled: false,
+            credits: 0,
+        };
+        assert!(matches!(
+            live.tick(t0 + 2 * T, stuck),
+            Verdict::Dead(Death::Silent { outstanding: 8, .. })
+        ));
+    }
+
+    #[test]
+    fn a_clock_read_before_the_last_sign_is_not_an_overflow() {
+        let t0 = Instant::now();
+        let mut live = Liveness::new(T, t0 + T);
+        live.probe_sent(t0 + T);
+        assert_eq!(live.tick(t0, idle()), Verdict::Alive);
+    }
+}
