@@ -485,7 +485,10 @@ fn connection_flood(t: &Target) -> Result<Outcome, String> {
     }
     let mut silent_open = 0;
     if let Some(timeout) = hello_timeout {
-        let limit = (timeout + Duration::from_secs(2)).saturating_sub(silent_since.elapsed());
+        // At least one look each, however long the flood took.
+        let limit = (timeout + Duration::from_secs(2))
+            .saturating_sub(silent_since.elapsed())
+            .max(Duration::from_millis(100));
         for s in silent.iter_mut() {
             silent_open += usize::from(!read_for(s, limit, |_| false, || {}).closed);
         }
