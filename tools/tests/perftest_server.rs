@@ -83,6 +83,14 @@ fn reap(child: &mut Child, limit: Duration) -> Ended {
 /// Starts a tcp server, proposes `params` as a client would, and returns
 /// the server's answer (with how long it took) and how the server ended.
 fn propose(params: Params) -> (Result<Hello, String>, Duration, Ended) {
+    propose_after(params, |_| {})
+}
+
+/// [`propose`], after `before` has had the server's port to itself.
+fn propose_after(
+    params: Params,
+    before: impl FnOnce(u16),
+) -> (Result<Hello, String>, Duration, Ended) {
     let port = free_port();
     let mut server = Command::new(env!("CARGO_BIN_EXE_perftest"))
         .args(["--listen", "-t", "tcp", "-d", "lo", "-p", &port.to_string()])
@@ -100,6 +108,7 @@ fn propose(params: Params) -> (Result<Hello, String>, Duration, Ended) {
             panic!("the server ended before listening");
         }
     }
+    before(port);
     let mut ch = BootstrapChannel::connect(("127.0.0.1", port), Duration::from_secs(10))
         .expect("connect to the server");
     let asked = Instant::now();
@@ -206,4 +215,25 @@ fn thousands_of_sizes_are_refused() {
         },
         "sizes",
     );
+}
+
+#[test]
+fn a_connection_that_fails_its_handshake_does_not_end_the_server() {
+    let (answer, _, ended) = propose_after(
+        Params {
+            sizes: vec![64 << 30],
+            ..server_params()
+        },
+        |port| {
+            // Not the bootstrap protocol: the server says so and waits on.
+            let mut junk = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            let _ = std::io::Write::write_all(&mut junk, b"GET / HTTP/1.0\r\n\r\n");
+            let _ = junk.shutdown(std::net::Shutdown::Both);
+        },
+    );
+    assert!(
+        matches!(&answer, Ok(Hello::Refuse(why)) if why.contains("--max-size")),
+        "the server did not answer the real client after a junk connection: {answer:?}"
+    );
+    assert_eq!((ended.code, ended.signal), (Some(1), None));
 }

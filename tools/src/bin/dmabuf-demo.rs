@@ -418,8 +418,16 @@ fn server(opts: Opts) -> Result<()> {
     let mut ch = loop {
         match listener.accept() {
             Ok(ch) => break ch,
-            Err(BootstrapError::Timeout { .. }) if started.elapsed() < CLIENT_WAIT => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                // The listening socket itself failed: nothing to wait for.
+                let listening = matches!(&e, BootstrapError::Io { what, .. } if what == "accept");
+                if listening || started.elapsed() >= CLIENT_WAIT {
+                    return Err(e.into());
+                }
+                if !matches!(e, BootstrapError::Timeout { .. }) {
+                    eprintln!("dmabuf-demo server: a connection failed its handshake ({e}); still waiting");
+                }
+            }
         }
     };
     drop(listener);
