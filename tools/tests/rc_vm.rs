@@ -5,9 +5,13 @@
 //! Elsewhere every test is reported as skipped (ignored, whatever the
 //! flags), by name, with the reason. Gaudi memory comes from the hl-thunk
 //! simulator (a TEST DOUBLE); rxe cannot import DMA-buf, so the Gaudi runs
-//! must fail at registration with the message that says so.
+//! must fail at registration with the message that says so. A perftest
+//! server killed with SIGKILL mid-run must make its client exit 1 within
+//! UCT_RC_PEER_TIMEOUT + 1 s, naming the dead peer (issue 12).
 
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
@@ -200,10 +204,156 @@ fn demo_gaudi_server_fails_cleanly_on_rxe() -> Result<(), Failed> {
     )
 }
 
+/// The peer timeout of the server-killed runs, short so that they stay
+/// quick; the client must exit within it plus [`GRACE`].
+const PEER_TIMEOUT: Duration = Duration::from_secs(3);
+const GRACE: Duration = Duration::from_secs(1);
+
+/// Kills and reaps the child when dropped, so that a failed case leaves no
+/// process behind.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The lines of a child's stream, read on a thread, so that the test can
+/// wait for one with a deadline.
+fn lines_of(stream: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits up to `limit` for a line containing `needle`; Err with what was
+/// seen.
+fn wait_for_line(rx: &mpsc::Receiver<String>, needle: &str, limit: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    let mut seen = String::new();
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.contains(needle) => return Ok(()),
+            Ok(line) => {
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+            Err(_) => return Err(seen),
+        }
+    }
+}
+
+fn rc_perftest(args: &[&str]) -> Command {
+    let mut c = cmd(env!("CARGO_BIN_EXE_perftest"));
+    c.args(["-t", "rc"])
+        .args(args)
+        .env(
+            "UCT_RC_PEER_TIMEOUT",
+            format!("{}s", PEER_TIMEOUT.as_secs()),
+        )
+        .stdin(Stdio::null());
+    c
+}
+
+/// A perftest server over rc killed with SIGKILL while a long `test` runs:
+/// the client exits 1 within the peer timeout plus 1 s, naming the dead
+/// peer (its QP) and the test.
+fn perftest_server_killed_mid_run(test: &str) -> Result<(), Failed> {
+    let port = free_port();
+    let mut server = rc_perftest(&["--listen", "-p", &port])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let server_err = lines_of(server.stderr.take().ok_or("server stderr")?);
+    let mut server = Reaped(server);
+    wait_for_line(&server_err, "waiting for a client", Duration::from_secs(60))
+        .map_err(|seen| format!("the server did not start:\n{seen}"))?;
+    let size = if test == "put_bw" { "4k" } else { "8" };
+    let mut client = rc_perftest(&[
+        "127.0.0.1",
+        "-p",
+        &port,
+        "--test",
+        test,
+        "-s",
+        size,
+        "-n",
+        "100000000",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()?;
+    let client_out = lines_of(client.stdout.take().ok_or("client stdout")?);
+    let client_err = lines_of(client.stderr.take().ok_or("client stderr")?);
+    let mut client = Reaped(client);
+    if let Err(seen) = wait_for_line(&client_out, "# perftest:", Duration::from_secs(60)) {
+        let err: Vec<String> = client_err.try_iter().collect();
+        return Err(format!("the client did not start:\n{seen}{}", err.join("\n")).into());
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    check(
+        client.0.try_wait()?.is_none(),
+        "the client ended before the server was killed".into(),
+    )?;
+    server.0.kill()?;
+    let killed = Instant::now();
+    server.0.wait()?;
+    let limit = PEER_TIMEOUT + GRACE;
+    let status = loop {
+        if let Some(status) = client.0.try_wait()? {
+            break Some(status);
+        }
+        if killed.elapsed() > limit {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = killed.elapsed();
+    drop(client);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut err = Vec::new();
+    while let Ok(line) = client_err.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+    {
+        err.push(line);
+    }
+    let err = err.join("\n");
+    let Some(status) = status else {
+        return Err(format!(
+            "{test}: the client still ran {took:?} after the server was killed (limit {limit:?}):\n{err}"
+        )
+        .into());
+    };
+    println!("rc_vm: perftest {test}, server killed: client exit {status} after {took:?}: {err}");
+    check(
+        status.code() == Some(1),
+        format!("{test}: exit {status} after {took:?}:\n{err}"),
+    )?;
+    check(
+        err.contains("peer QP 0x"),
+        format!("{test}: the error does not name the dead peer's QP:\n{err}"),
+    )?;
+    check(
+        err.contains(test),
+        format!("{test}: the error does not say which test ran:\n{err}"),
+    )
+}
+
 type TestFn = fn() -> Result<(), Failed>;
 
 fn main() {
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    // One at a time: the server-killed runs measure a deadline, which
+    // contention on the VM's two CPUs would blur.
+    args.test_threads = Some(1);
     let absent = rc_absent();
     let tests: Vec<(&str, TestFn)> = vec![
         (
@@ -233,6 +383,15 @@ fn main() {
             "dmabuf_demo_rc_gaudi_server_fails_cleanly",
             demo_gaudi_server_fails_cleanly_on_rxe,
         ),
+        ("perftest_rc_am_lat_server_killed", || {
+            perftest_server_killed_mid_run("am_lat")
+        }),
+        ("perftest_rc_put_lat_server_killed", || {
+            perftest_server_killed_mid_run("put_lat")
+        }),
+        ("perftest_rc_put_bw_server_killed", || {
+            perftest_server_killed_mid_run("put_bw")
+        }),
     ];
     let expected = rc_expected();
     let trials = tests
