@@ -240,7 +240,7 @@ fn run_attacker(attack: &Attack, target_line: &str, deadline: Duration) -> Resul
         _ => Err(format!(
             "the attacker ended with {status} without an outcome: {}{}",
             stdout.trim(),
-            tail_of(&stderr)
+            tail_of("attacker", &stderr)
         )),
     }
 }
@@ -261,14 +261,13 @@ fn joined(h: JoinHandle<String>) -> String {
     h.join().unwrap_or_default()
 }
 
-fn tail_of(stderr: &str) -> String {
+/// The last lines of a process's stderr, each on its own line after `who`.
+fn tail_of(who: &str, stderr: &str) -> String {
     let lines: Vec<&str> = stderr.lines().collect();
-    let tail = &lines[lines.len().saturating_sub(STDERR_TAIL)..];
-    if tail.is_empty() {
-        String::new()
-    } else {
-        format!("\n    stderr: {}", tail.join("\n    stderr: "))
-    }
+    lines[lines.len().saturating_sub(STDERR_TAIL)..]
+        .iter()
+        .map(|l| format!("\n    {who} stderr: {l}"))
+        .collect()
 }
 
 /// Waits for `child` until `deadline`, killing it then.
@@ -395,7 +394,10 @@ impl Victim {
 
     fn stderr_tail(&self) -> String {
         let tail = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
-        tail_of(&tail.iter().cloned().collect::<Vec<_>>().join("\n"))
+        tail_of(
+            "victim",
+            &tail.iter().cloned().collect::<Vec<_>>().join("\n"),
+        )
     }
 }
 
