@@ -304,8 +304,11 @@ impl Mapping {
             )),
             _ => UctError::io(format!("posix: open {path}"), e),
         })?;
-        let not_a_segment =
-            |why: String| UctError::BadRkey(format!("{path} is not a sealed uct segment: {why}"));
+        let not_a_segment = |why: String| {
+            UctError::BadRkey(format!(
+                "{path} is not a sealed uct segment: {why}; its owner is broken or hostile"
+            ))
+        };
         // Sealed first, then sized: seals cannot be removed, so the size
         // read after them is the size for good.
         let seals = seal_op(file.as_fd(), libc::F_GET_SEALS, 0)

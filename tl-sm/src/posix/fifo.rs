@@ -85,9 +85,16 @@ pub enum Push {
     Full,
 }
 
-/// The error for a mapping too small to hold a ring.
-fn not_a_ring() -> UctError {
-    UctError::Unreachable("the posix peer address does not name a receive ring".into())
+/// The error for a mapping that holds no ring: too small for one (`Some`
+/// of its data bytes), or without the magic.
+fn not_a_ring(data_len: Option<usize>) -> UctError {
+    UctError::Unreachable(match data_len {
+        Some(len) => format!(
+            "the posix peer's ring segment holds {len} bytes of data, a ring needs {}; it is no ring of ours",
+            ring_bytes()
+        ),
+        None => "the posix peer address does not name a receive ring (no ring magic)".into(),
+    })
 }
 
 /// `to - from` when `to` is not behind `from`: positions wrap around u64,
@@ -149,7 +156,7 @@ impl Ring {
     /// mapped, keep it that large.)
     pub(crate) fn attach(map: Mapping) -> Result<Ring, UctError> {
         if map.data_len() < ring_bytes() {
-            return Err(not_a_ring());
+            return Err(not_a_ring(Some(map.data_len())));
         }
         let ring = Ring {
             map,
@@ -157,7 +164,7 @@ impl Ring {
             tail: Cell::new(0),
         };
         if ring.header().magic.load(Ordering::Acquire) != MAGIC {
-            return Err(not_a_ring());
+            return Err(not_a_ring(None));
         }
         // Start from the consumer's tail, not 0: a ring whose positions have
         // wrapped past 0 must not look empty to a new producer.

@@ -175,12 +175,14 @@ fn attach(pid: u32, addr: RingAddress) -> Result<Ring> {
         }
         other => other,
     })?;
-    if !mapping.view(addr.secret).is_valid() || mapping.is_dead() {
+    // Our mapping's size first: a short segment is refused for what it is,
+    // whatever its header claims.
+    let ring = Ring::attach(mapping)?;
+    if !ring.mapping().view(addr.secret).is_valid() || ring.mapping().is_dead() {
         return Err(UctError::Unreachable(format!(
             "the posix iface address names no open ring of process {pid} (a closed iface whose descriptor was reused?)"
         )));
     }
-    let ring = Ring::attach(mapping)?;
     if ring.owner_pid() != pid {
         return Err(UctError::Unreachable(format!(
             "the posix ring at that address belongs to process {}, not {pid}",
