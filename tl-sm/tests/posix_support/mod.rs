@@ -3,7 +3,8 @@
 //! with access to our files would find it), and child processes for the
 //! cases that may kill the process (SIGBUS) or hang, run with a deadline.
 
-#![allow(dead_code)] // each test file uses its own part of this module
+// Each test file that includes this module uses its own part of it.
+#![allow(dead_code)]
 
 use std::fs::File;
 use std::os::unix::process::ExitStatusExt;
