@@ -14,7 +14,11 @@
 //!   `peak_rss_kib=N` (VmHWM).
 //! - the attacker (`uct-attacker --attack NAME --target LINE`) runs one
 //!   [`Attack`] and prints `outcome: ` and its [`Outcome`], exiting 0 for
-//!   Refused or Closed and 1 for a Breach.
+//!   Refused or Closed and 1 for a Breach; 2 (and `setup-error: <why>`)
+//!   when the attack returned `Err`, which fails the suite too.
+//! - [`common`] has what all three share: the library driven with deadlines
+//!   ([`common::Session`]), errors named by variant ([`common::named`]),
+//!   and the attacks every software transport must refuse through it.
 //! - the test process, which drives both and is the well-behaved peer.
 
 pub mod cma;
