@@ -380,6 +380,61 @@ fn junk_connections_cost_a_peer_nothing() -> Result<(), Failed> {
     })
 }
 
+/// A frame that claims more data than its kind may carry (an active
+/// message of 8 MiB; a get reply larger than the get) closes the link as
+/// soon as its header is in, before its data is buffered.
+fn an_oversized_frame_closes_the_link_before_its_data() -> Result<(), Failed> {
+    let mut victim = open();
+    let v = Peer::of_iface(victim.as_ref());
+    let mut s = connect(v.socket_addr());
+    let mut bytes = honest_hello(v);
+    bytes.extend(tl_tcp::wire::encode(&Header::Am { id: 3 }, 8 << 20).unwrap());
+    bytes.extend(vec![0u8; 4096]);
+    ensure(
+        write_all(&mut s, &bytes, Duration::from_secs(5), || {}),
+        || "could not send the frame".into(),
+    )?;
+    let closed = closed_within(&mut s, Duration::from_secs(2), || {
+        victim.progress();
+    });
+    ensure(closed, || {
+        "a link announcing an 8 MiB active message stayed open, waiting for its data".into()
+    })?;
+
+    // A get reply larger than the get.
+    let fake = FakePeer::new();
+    let mut me = open();
+    let mut ep = me.create_ep(EpParams::ToIface {
+        device_addr: fake.peer.ip.to_vec(),
+        iface_addr: fake.peer.iface_address(),
+    })?;
+    let local = me.md().alloc(4096, MemoryType::Host, Access::all())?;
+    let rkey = Registry::global().unpack_rkey(
+        &uct_core::RkeyBundle::single(me.md().pack_rkey(&local)?).pack()?,
+        "tcp",
+    )?;
+    let comp = Completion::new();
+    let _ = ep.get_bcopy(64, 0x1000, &rkey, &comp)?;
+    let mut s = fake.accept();
+    let Header::Get { req, .. } =
+        wait_frame(&mut s, me.as_mut(), |h| matches!(h, Header::Get { .. }))?
+    else {
+        unreachable!()
+    };
+    let mut bytes = tl_tcp::wire::encode(&Header::GetReply { req, error: None }, 8 << 20).unwrap();
+    bytes.extend(vec![0u8; 4096]);
+    ensure(
+        write_all(&mut s, &bytes, Duration::from_secs(5), || {}),
+        || "could not send the reply".into(),
+    )?;
+    let closed = closed_within(&mut s, Duration::from_secs(2), || {
+        me.progress();
+    });
+    ensure(closed, || {
+        "a link announcing an 8 MiB reply to a 64-byte get stayed open, waiting for its data".into()
+    })
+}
+
 fn main() {
     if std::env::var(common::ROLE).as_deref() == Ok("victim") {
         common::victim_main();
@@ -392,6 +447,10 @@ fn main() {
             a_nack_for_no_request_is_refused,
         ),
         Trial::test("gets_in_flight_are_capped", gets_in_flight_are_capped),
+        Trial::test(
+            "an_oversized_frame_closes_the_link_before_its_data",
+            an_oversized_frame_closes_the_link_before_its_data,
+        ),
         Trial::test(
             "one_progress_call_has_a_budget",
             one_progress_call_has_a_budget,
