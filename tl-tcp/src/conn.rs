@@ -1,8 +1,9 @@
 //! One non-blocking TCP connection: a queue of outgoing frames written with
 //! `sendmsg` (header and user buffers gathered, no staging copy for zcopy),
-//! and a receive buffer cut into frames. The receive buffer never holds more
-//! than one largest frame; the replies queued to the peer are counted apart,
-//! so that the link stops executing its requests while they pile up.
+//! and a receive buffer cut into frames. The receive buffer holds a chunk,
+//! or the frame at its head once the link has checked that frame's size;
+//! the replies queued to the peer are counted apart, so that the link stops
+//! executing its requests while they pile up.
 
 use std::collections::VecDeque;
 use std::io::ErrorKind;
@@ -88,6 +89,8 @@ pub struct Conn {
     max_data: usize,
     /// Most bytes the receive buffer holds: one largest frame.
     rbuf_limit: usize,
+    /// Length of the frame at the head of the receive buffer, once checked.
+    expect: usize,
     /// Remembered: the kernel forgets it once the connection is reset.
     peer: String,
     peer_ip: Option<IpAddr>,
@@ -122,6 +125,7 @@ impl Conn {
             rpos: 0,
             max_data,
             rbuf_limit: wire::PREFIX + wire::MAX_HEADER + max_data,
+            expect: 0,
             peer,
             peer_ip: peer_addr.map(|a| a.ip()),
         })
@@ -429,39 +433,34 @@ impl Conn {
     }
 
     /// Reads what has arrived into the receive buffer, without zeroing it
-    /// first, while it holds less than one largest frame (a larger frame is
-    /// refused by the parser, so the frames here are always handled first).
-    /// An orderly close or a reset is an error.
-    pub fn read_in(&mut self) -> Result<usize, UctError> {
-        let mut total = 0;
+    /// first, while it holds less than READ_CHUNK bytes, or less than the
+    /// frame at its head once the link has checked that frame's size
+    /// ([`expect_frame`](Self::expect_frame)): what a peer makes us buffer
+    /// is bounded by what its frames may carry, never by what it sends.
+    /// Returns true when it stopped for lack of room (the socket may hold
+    /// more). An orderly close or a reset is an error.
+    pub fn read_in(&mut self) -> Result<bool, UctError> {
         loop {
             if self.rpos > 0 && self.rpos == self.rbuf.len() {
                 self.rbuf.clear();
                 self.rpos = 0;
             }
-            let room = self.rbuf_limit.saturating_sub(self.buffered());
+            let limit = self.expect.max(READ_CHUNK).min(self.rbuf_limit);
+            let room = limit.saturating_sub(self.buffered());
             if room == 0 {
-                return Ok(total);
+                return Ok(true);
             }
-            if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+            if self.rbuf.capacity() - self.rbuf.len() < room {
                 if self.rpos > 0 {
                     self.rbuf.drain(..self.rpos);
                     self.rpos = 0;
                 }
-                // Room for the frame that is arriving, or a chunk, within the
-                // limit: exact, so that the buffer never doubles past it.
-                let want = self
-                    .next_frame_len()
-                    .max(self.rbuf.len() + READ_CHUNK)
-                    .min(self.rbuf_limit);
-                if want > self.rbuf.capacity() {
-                    self.rbuf.reserve_exact(want - self.rbuf.len());
+                // Exact, so that the buffer never doubles past the limit.
+                if self.rbuf.capacity() - self.rbuf.len() < room {
+                    self.rbuf.reserve_exact(room);
                 }
             }
             let spare = (self.rbuf.capacity() - self.rbuf.len()).min(room);
-            if spare == 0 {
-                return Ok(total);
-            }
             let at = self.rbuf.len();
             // SAFETY: `spare` bytes past the length are allocated; recv
             // writes at most that many and we extend the length only by what
@@ -484,15 +483,14 @@ impl Conn {
                 n if n > 0 => {
                     // SAFETY: recv initialised n bytes past `at`.
                     unsafe { self.rbuf.set_len(at + n as usize) };
-                    total += n as usize;
                     if (n as usize) < spare {
-                        return Ok(total);
+                        return Ok(false);
                     }
                 }
                 _ => {
                     let e = std::io::Error::last_os_error();
                     match e.kind() {
-                        ErrorKind::WouldBlock => return Ok(total),
+                        ErrorKind::WouldBlock => return Ok(false),
                         ErrorKind::Interrupted => {}
                         _ => return Err(peer_error("receive", &self.peer(), e)),
                     }
@@ -501,19 +499,10 @@ impl Conn {
         }
     }
 
-    /// Length of the frame at the head of the receive buffer, once its
-    /// prefix is here (0 before), as the prefix claims it.
-    fn next_frame_len(&self) -> usize {
-        let b = &self.rbuf[self.rpos..];
-        if b.len() < wire::PREFIX {
-            return 0;
-        }
-        let header = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
-        let data = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
-        wire::PREFIX
-            .saturating_add(header)
-            .saturating_add(data)
-            .min(self.rbuf_limit)
+    /// The frame at the head of the receive buffer, `total` bytes long, was
+    /// checked and may be buffered whole.
+    pub fn expect_frame(&mut self, total: usize) {
+        self.expect = total.min(self.rbuf_limit);
     }
 
     /// Looks at the next frame in the receive buffer.
@@ -528,6 +517,7 @@ impl Conn {
 
     /// Drops `n` bytes of the next frame from the receive buffer.
     pub fn consume(&mut self, n: usize) {
+        self.expect = 0;
         self.rpos = (self.rpos + n).min(self.rbuf.len());
         if self.rpos == self.rbuf.len() {
             self.rbuf.clear();

@@ -10,9 +10,11 @@
 //! handles at most [`FRAME_BUDGET`] frames and [`BYTE_BUDGET`] bytes of a
 //! link; the link stops executing the peer's requests while more than
 //! [`REPLY_QUEUE_LIMIT`] bytes of replies wait for the peer to read them
-//! (TCP's flow control then holds the peer back); the receive buffer holds
-//! at most one largest frame (`conn.rs`); the requests of this side are
-//! capped and a Nack is taken only for one of them (`pending.rs`).
+//! (TCP's flow control then holds the peer back); a frame announcing more
+//! data than its kind may carry closes the link from its header on, so the
+//! receive buffer holds a chunk or one checked frame (`conn.rs`); the
+//! requests of this side are capped and a Nack is taken only for one of
+//! them (`pending.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -22,7 +24,8 @@ use uct_core::{Access, AmHandlers, UctError};
 
 use crate::conn::{Conn, Payload};
 use crate::execute::{execute, table_key};
-use crate::hello::{check_hello, Role};
+use crate::hello::{check_hello, frame_name, Role};
+use crate::iface::{MAX_AM_ZCOPY, MAX_BCOPY, MAX_SHORT};
 use crate::pending::{PendingOp, Requests, MAX_GET_BYTES_IN_FLIGHT};
 use crate::wire::{Header, Parsed, WireError, WireKey};
 
@@ -40,6 +43,17 @@ pub(crate) const BYTE_BUDGET: usize = 32 << 20;
 pub(crate) const REPLY_QUEUE_LIMIT: usize = MAX_GET_BYTES_IN_FLIGHT + (4 << 20);
 /// Connections of this process closed before their Hello, for the log.
 static UNAUTHENTICATED_CLOSED: AtomicU64 = AtomicU64::new(0);
+/// Most data an active message carries (am_short, am_bcopy, am_zcopy).
+const MAX_AM_DATA: usize = max(MAX_SHORT, max(MAX_BCOPY, MAX_AM_ZCOPY));
+
+const fn max(a: usize, b: usize) -> usize {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
 /// How often the timeouts of a link are looked at.
 const CHECK_EVERY: Duration = Duration::from_millis(100);
 /// How often `check` probes the socket.
@@ -329,16 +343,21 @@ impl Link {
                 }
             }
             self.conn.write_out()?;
-            self.conn.read_in()?;
+            let more = self.conn.read_in()?;
             loop {
                 if frames >= FRAME_BUDGET || bytes >= BYTE_BUDGET {
                     self.backlog = true;
                     break 'turn;
                 }
                 let parsed = self.conn.peek().map_err(UctError::Protocol)?;
-                let header = match &parsed {
+                let (header, data_len) = match &parsed {
                     Parsed::Incomplete => break,
-                    Parsed::Frame { header, .. } | Parsed::HeaderOnly { header, .. } => header,
+                    Parsed::Frame {
+                        header, data_len, ..
+                    }
+                    | Parsed::HeaderOnly {
+                        header, data_len, ..
+                    } => (header, *data_len),
                 };
                 if self.awaiting_hello_since().is_some() {
                     let peer = check_hello(header, self.cookie, self.conn.peer_ip())
@@ -353,6 +372,13 @@ impl Link {
                     frames += 1;
                     bytes += total;
                     continue;
+                }
+                let limit = self.data_limit(header);
+                if data_len > limit {
+                    return Err(UctError::Protocol(format!(
+                        "{} announces {data_len} bytes of data, more than the {limit} it may carry",
+                        frame_name(header)
+                    )));
                 }
                 if !is_reply(header) && self.conn.replies_queued() > REPLY_QUEUE_LIMIT {
                     // The peer does not read its answers: its requests wait
@@ -392,16 +418,35 @@ impl Link {
                         bytes += data_at + have;
                         break;
                     }
-                    _ => break,
+                    Parsed::HeaderOnly {
+                        data_at, data_len, ..
+                    } => {
+                        // Its size was checked: it may be buffered whole.
+                        self.conn.expect_frame(data_at + data_len);
+                        break;
+                    }
+                    Parsed::Incomplete => break,
                 }
             }
-            if self.direct.is_none() {
+            if self.direct.is_none() && !more {
                 break;
             }
         }
         self.conn.write_out()?;
         self.check_timeout()?;
         Ok(frames)
+    }
+
+    /// Most data a frame of this kind may carry on this link: an active
+    /// message what this transport sends at most, a get reply what the get
+    /// asked for; puts are bounded by the codec's frame limit, and the other
+    /// kinds carry none (the codec refuses data on them).
+    fn data_limit(&self, header: &Header) -> usize {
+        match header {
+            Header::Am { .. } => MAX_AM_DATA,
+            Header::GetReply { req, .. } => self.requests.get_len(*req),
+            _ => usize::MAX,
+        }
     }
 
     /// Starts a large put: what is here goes in now, the rest straight from

@@ -154,6 +154,11 @@ impl Requests {
         );
     }
 
+    /// Bytes the get `req` asked for (0 when it is not a pending get).
+    pub(crate) fn get_len(&self, req: u64) -> usize {
+        self.pending.get(&req).map_or(0, |p| p.get_bytes)
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.pending.is_empty()
     }
