@@ -233,11 +233,19 @@ fn attack_with_peer(
     ))
 }
 
+/// The bootstrap timeout victim and attacker run with: a link that says no
+/// Hello within it is closed, so a short one lets `tcp/connection-flood`
+/// see silent connections closed within the attack (3 s unless set).
+fn hello_timeout() -> String {
+    std::env::var("UCT_BOOTSTRAP_TIMEOUT").unwrap_or_else(|_| "3s".into())
+}
+
 /// Runs the attacker to its end (killed after `deadline`) and reads its
 /// outcome.
 fn run_attacker(attack: &Attack, target_line: &str, deadline: Duration) -> Result<Outcome, String> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_uct-attacker"))
         .args(["--attack", attack.name, "--target", target_line])
+        .env("UCT_BOOTSTRAP_TIMEOUT", hello_timeout())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -320,6 +328,7 @@ impl Victim {
     fn spawn(transport: &str) -> Result<Victim, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_uct-victim"))
             .args(["--transport", transport])
+            .env("UCT_BOOTSTRAP_TIMEOUT", hello_timeout())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
