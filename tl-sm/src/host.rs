@@ -65,8 +65,8 @@ impl PeerWatch {
         self.pid
     }
 
-    /// Whether the process has exited; asks the kernel at most every
-    /// [`PROBE_INTERVAL`], and remembers an exit for good.
+    /// Whether the process has exited; asks the kernel at most every 2 ms,
+    /// and remembers an exit for good.
     pub fn is_gone(&mut self) -> bool {
         if self.gone || self.last_probe.elapsed() < PROBE_INTERVAL {
             return self.gone;

@@ -226,7 +226,7 @@ impl Mapping {
     }
 
     /// Creates a segment with `len` bytes of data, owned by this process:
-    /// a memfd (named `label` in /proc/<pid>/maps), mapped read-write here,
+    /// a memfd (named `label` in `/proc/<pid>/maps`), mapped read-write here,
     /// its header written, then sealed for `peers`. Peers open it through
     /// the returned descriptor, which the owner keeps open for as long as
     /// they may.
