@@ -28,7 +28,7 @@ use super::pattern::{check_pattern, pattern_into};
 use super::session::{Role, Session};
 use super::transfer::{
     alive, fill_send, flush, host_bytes, is_staged, post_data, post_get, read_buffer,
-    read_recv_u64, spin, wait, write_buffer, Buffer, Deadline,
+    read_recv_u64, spin, wait, write_buffer, Buffer, Deadline, WAIT_LIMIT,
 };
 
 /// The process's calibrated clock.
@@ -558,14 +558,26 @@ fn server(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Res
         }
     }
     // Keep progressing, answer checks, until the client is done. This wait
-    // is as long as the client's run, which only the client knows; its
-    // bound is the client's liveness (the probe, the bootstrap socket).
+    // is as long as the client's run; a dead client ends it through the
+    // probe or the bootstrap socket, and a live one that stalls through
+    // the phase's budget.
+    let budget = phase_budget(iters, size);
+    let started = Instant::now();
     let mut polls = 0u32;
     loop {
         session.iface.progress();
         alive(session)?;
         polls = polls.wrapping_add(1);
-        if !polls.is_multiple_of(64) || !session.ch.poll_readable(Duration::ZERO)? {
+        if !polls.is_multiple_of(64) {
+            continue;
+        }
+        if !session.ch.poll_readable(Duration::ZERO)? {
+            if polls.is_multiple_of(64 * 1024) && started.elapsed() > budget {
+                return Err(PerfError::Protocol(format!(
+                    "the client has not finished {iters} iterations of {size} bytes in {} s, though it looks alive; it is stuck (or slower than 1 MB/s and 1000 iterations/s)",
+                    budget.as_secs()
+                )));
+            }
             continue;
         }
         match session.ch.recv_msg::<Ctl>()? {
@@ -588,6 +600,15 @@ fn server(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Res
             other => return Err(PerfError::Protocol(format!("unexpected {other:?}"))),
         }
     }
+}
+
+/// How long the server waits for a live client to finish a phase:
+/// [`WAIT_LIMIT`] plus what the slowest client worth waiting for takes
+/// (1 ms and a MB/s per iteration), so that a connected client that stalls
+/// cannot hold the server for ever.
+fn phase_budget(iters: u64, size: usize) -> Duration {
+    let per_iter = 1e-3 + size as f64 / 1e6;
+    WAIT_LIMIT.saturating_add(Duration::from_secs_f64((iters as f64 * per_iter).min(1e9)))
 }
 
 /// What the server confirms at the end of a phase: waits for the last
@@ -615,4 +636,20 @@ fn server_end(session: &mut Session, iters: u64, am_expected: u64) -> Result<Opt
         )));
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_budget_grows_with_the_run_and_never_overflows() {
+        let short = phase_budget(10, 8);
+        assert!(short >= WAIT_LIMIT && short < WAIT_LIMIT + Duration::from_secs(1));
+        assert!(phase_budget(1_000_000, 8) > short);
+        assert!(phase_budget(1_000, 4 << 20) > phase_budget(1_000, 8));
+        // The client's own limits (100M iterations of 1 GiB) stay finite.
+        let huge = phase_budget(u64::MAX, usize::MAX);
+        assert!(huge > WAIT_LIMIT && huge < Duration::from_secs(2_000_000_000));
+    }
 }
