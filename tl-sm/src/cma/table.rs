@@ -205,6 +205,7 @@ impl TableMemory {
         if !is_table_sized(&fd).map_err(|e| UctError::io(format!("cma: stat {path}"), e))? {
             return Err(not_table(&format!("not a regular file of {SIZE} bytes")));
         }
+        between_checks();
         let sealed = seals(&fd, libc::F_GET_SEALS, 0).unwrap_or(0);
         if sealed & libc::F_SEAL_SHRINK == 0 {
             return Err(not_table("not sealed against shrinking"));
@@ -250,6 +251,19 @@ impl Drop for TableMemory {
         unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, SIZE) };
     }
 }
+
+/// Test seam: runs the hook a test set, between the two checks of a peer's
+/// table, where its owner may still change it.
+#[cfg(test)]
+fn between_checks() {
+    if let Some(hook) = tests::BETWEEN_CHECKS.with(|h| h.borrow_mut().take()) {
+        hook();
+    }
+}
+
+#[cfg(not(test))]
+#[inline(always)]
+fn between_checks() {}
 
 #[cfg(test)]
 mod tests;

@@ -69,3 +69,105 @@ fn a_put_never_lands_after_deregistration_returned() {
     );
     assert!(memory.iter().all(|&b| b == REUSED));
 }
+
+/// A forked child that only waits to be killed, reaped at most once.
+struct Child {
+    pid: libc::pid_t,
+    reaped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Child {
+    fn fork() -> Child {
+        // SAFETY: the child calls only async-signal-safe functions (pause)
+        // and never returns into the test harness.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            loop {
+                // SAFETY: pause only waits for a signal.
+                unsafe { libc::pause() };
+            }
+        }
+        Child {
+            pid,
+            reaped: Arc::default(),
+        }
+    }
+
+    /// Kills and reaps the child, once: after that its pid is free for
+    /// the next process.
+    fn kill(pid: libc::pid_t, reaped: &std::sync::atomic::AtomicBool) {
+        if !reaped.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            // SAFETY: signalling and reaping our own child, not reaped yet;
+            // waitpid writes nothing (null status).
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        Child::kill(self.pid, &self.reaped);
+    }
+}
+
+/// Issue 12 review, finding 3: a peer that dies (and is reaped, so its pid
+/// may be another process's at once) after an access's check must see no
+/// process_vm_* call on its pid: the peer's pidfd is asked right before
+/// the transfer, not answered from a cache.
+#[test]
+fn no_transfer_reaches_a_peer_that_died_after_its_check() {
+    use uct_core::rkey::{decode_payload, encode_payload};
+    use uct_core::{MemoryType, RkeyEntry, UctError};
+
+    let _serial = crate::cma::records::tests::serial();
+    let md: Arc<dyn MemoryDomain> = Arc::new(CmaMd::new("sm"));
+    let mut iface = CmaIface::open(md.clone());
+    let mem = md
+        .alloc(LEN, MemoryType::Host, Access::all())
+        .expect("alloc");
+    let entry = md.pack_rkey(&mem).expect("pack");
+    // The child holds our table (the same memfd, the same record) and our
+    // memory at the same addresses: a peer whose rkey passes every check.
+    let child = Child::fork();
+    let mut key: crate::cma::CmaRkey = decode_payload(&entry.payload).expect("a cma rkey");
+    key.pid = child.pid as u32;
+    key.table = key.table.replacen(
+        &format!("/proc/{}/", std::process::id()),
+        &format!("/proc/{}/", child.pid),
+        1,
+    );
+    let forged = RkeyEntry {
+        payload: encode_payload(&key).expect("encode"),
+        ..entry
+    };
+    let rkey = component::unpack_rkey("sm", &forged).expect("unpack");
+    let mut device_addr = crate::host::boot_id().to_vec();
+    device_addr.extend_from_slice(&(child.pid as u32).to_le_bytes());
+    let mut ep = iface
+        .create_ep(EpParams::ToIface {
+            device_addr,
+            iface_addr: Vec::new(),
+        })
+        .expect("an endpoint to the child");
+    let mut buf = [0u8; 8];
+    ep.get_short(&mut buf, mem.addr(), &rkey)
+        .expect("a get from the live child");
+    let (pid, reaped) = (child.pid, child.reaped.clone());
+    BETWEEN.with(|hook| *hook.borrow_mut() = Some(Box::new(move || Child::kill(pid, &reaped))));
+    let before = crate::cma::vm::TRANSFERS.with(|n| n.get());
+    let put = ep.put_short(&[PUT; 8], mem.addr(), &rkey);
+    let after = crate::cma::vm::TRANSFERS.with(|n| n.get());
+    assert_eq!(
+        after - before,
+        0,
+        "the put ({put:?}) called process_vm_writev on pid {pid} after that process had died and been reaped"
+    );
+    match put {
+        Err(UctError::EndpointFailed(why)) if why.contains(&pid.to_string()) => {}
+        other => panic!("a put to the dead child {pid}: {other:?}"),
+    }
+}

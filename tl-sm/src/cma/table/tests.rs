@@ -139,3 +139,87 @@ fn only_a_proc_fd_path_of_the_peer_is_opened() {
         other => panic!("our table as process {}'s: {other:?}", me() + 1),
     }
 }
+
+thread_local! {
+    /// The hook [`between_checks`](super::between_checks) runs once, on
+    /// this thread.
+    pub(super) static BETWEEN_CHECKS: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Issue 12 review, finding 1: an owner that hands an unsealed table of the
+/// right size, then shrinks and seals it between the peer's two checks,
+/// must not get it mapped (the peer's next record check would be SIGBUS).
+#[test]
+fn a_table_shrunk_and_sealed_between_the_checks_is_refused() {
+    let (fd, path) = memfd(SIZE, false, true);
+    let raw = fd.as_raw_fd();
+    BETWEEN_CHECKS.with(|hook| {
+        *hook.borrow_mut() = Some(Box::new(move || {
+            // SAFETY: resizing and sealing our own memfd, open for the
+            // test's whole length, touches no memory of this process.
+            unsafe {
+                libc::ftruncate(raw, PAGE as libc::off_t);
+                libc::fcntl(
+                    raw,
+                    libc::F_ADD_SEALS,
+                    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+                );
+            }
+        }))
+    });
+    let opened = TableMemory::open(&path, me(), REGION);
+    BETWEEN_CHECKS.with(|hook| hook.borrow_mut().take());
+    match opened {
+        Err(UctError::BadRkey(_)) => {}
+        other => panic!("a table shrunk to a page between the checks was mapped: {other:?}"),
+    }
+}
+
+/// Issue 12 review, finding 4: a peer's descriptor that is a FIFO must be
+/// refused without being opened (an open would release a writer blocked on
+/// it, or block on it ourselves).
+#[test]
+fn a_fifo_is_refused_without_being_opened() {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let dir = std::env::temp_dir().join(format!(
+        "uct-cma-fifo-{}-{:x}",
+        me(),
+        crate::host::random_u64()
+    ));
+    std::fs::create_dir(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    let cfifo = CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid nul-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(cfifo.as_ptr(), 0o600) }, 0);
+    // SAFETY: a valid path; O_PATH opens nothing; a new descriptor or -1.
+    let opath =
+        unsafe { owned(libc::open(cfifo.as_ptr(), libc::O_PATH | libc::O_CLOEXEC)) }.unwrap();
+    // A writer blocks in open until some reader opens the FIFO.
+    let (opened_tx, opened_rx) = mpsc::channel();
+    let writer_path = fifo.clone();
+    let writer = std::thread::spawn(move || {
+        let file = std::fs::OpenOptions::new().write(true).open(&writer_path);
+        let _ = opened_tx.send(());
+        file.map(drop)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let why = refused(&format!("/proc/{}/fd/{}", me(), opath.as_raw_fd()));
+    let released = opened_rx.recv_timeout(Duration::from_millis(300)).is_ok();
+    // Release the writer ourselves, then clean up.
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo);
+    writer.join().unwrap().unwrap();
+    drop(reader);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        !released,
+        "opening the peer's table opened its FIFO (a writer blocked on it went on)"
+    );
+    assert!(why.contains("not a regular file"), "{why}");
+}
