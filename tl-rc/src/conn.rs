@@ -344,6 +344,7 @@ impl Connection {
             outstanding: self.tx.outstanding(),
             tail_signalled: self.tx.tail_signalled(),
             credits: self.tx.credits(),
+            bytes_ahead: 0,
         };
         match self.live.tick(now, queue) {
             Verdict::Alive => {}

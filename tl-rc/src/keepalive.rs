@@ -18,6 +18,11 @@
 
 use std::time::{Duration, Instant};
 
+/// The slowest link a live peer is assumed to have, in bytes per second:
+/// bytes posted ahead of the completion (or keepalive) waited for extend
+/// the wait by the time they take at this rate.
+pub const FLOOR_BANDWIDTH: u64 = 0;
+
 /// What the tracker says about the send queue, for [`Liveness::tick`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendQueue {
@@ -27,6 +32,10 @@ pub struct SendQueue {
     pub tail_signalled: bool,
     /// Posts still allowed.
     pub credits: u32,
+    /// Bytes posted ahead of (and with) the first signalled operation
+    /// outstanding: what must move before a live peer's next completion
+    /// can be seen (all of them when none is signalled).
+    pub bytes_ahead: u64,
 }
 
 /// What to do now.
@@ -143,6 +152,7 @@ mod tests {
             outstanding,
             tail_signalled,
             credits: 100,
+            bytes_ahead: 0,
         }
     }
 
@@ -232,16 +242,90 @@ mod tests {
             outstanding: 0,
             tail_signalled: true,
             credits: 0,
+            bytes_ahead: 0,
         };
         assert_eq!(live.tick(t0 + T, full), Verdict::Alive);
         let stuck = SendQueue {
             outstanding: 8,
             tail_signalled: false,
             credits: 0,
+            bytes_ahead: 0,
         };
         assert!(matches!(
             live.tick(t0 + 2 * T, stuck),
             Verdict::Dead(Death::Silent { outstanding: 8, .. })
+        ));
+    }
+
+    /// Review finding 3a: completions (or active messages) that arrive
+    /// while a keepalive is out are signs of life: the keepalive's deadline
+    /// counts from the later of its post and the last of them.
+    #[test]
+    fn signs_of_life_while_a_probe_is_out_keep_the_peer_alive() {
+        let t0 = Instant::now();
+        let mut live = Liveness::new(T, t0);
+        live.probe_sent(t0 + T / 2);
+        live.sign_of_life(t0 + T);
+        let ms = Duration::from_millis(1);
+        assert_eq!(
+            live.tick(t0 + T + ms, queue(1, true)),
+            Verdict::Alive,
+            "a peer that answered 1 ms ago was taken for dead"
+        );
+        let late = t0 + T + T / 2 + ms;
+        assert!(matches!(
+            live.tick(late, queue(1, true)),
+            Verdict::Dead(Death::KeepaliveUnanswered { .. })
+        ));
+    }
+
+    /// Review finding 3b: a keepalive queued behind our own large posts
+    /// completes only after they moved: 16 unsignalled 1 GiB puts, then a
+    /// probe at T/2, must not make the peer dead at T. Each byte ahead
+    /// gets the time it takes at FLOOR_BANDWIDTH; a dead peer is still
+    /// found, that much later.
+    #[test]
+    fn a_probe_behind_large_posts_gets_the_time_they_need() {
+        let t0 = Instant::now();
+        let mut live = Liveness::new(T, t0);
+        let unsignalled = SendQueue {
+            outstanding: 16,
+            tail_signalled: false,
+            credits: 100,
+            bytes_ahead: 16 << 30,
+        };
+        assert_eq!(live.tick(t0 + T / 2, unsignalled), Verdict::Probe);
+        live.probe_sent(t0 + T / 2);
+        let behind = SendQueue {
+            outstanding: 17,
+            tail_signalled: true,
+            ..unsignalled
+        };
+        let ms = Duration::from_millis(1);
+        assert_eq!(
+            live.tick(t0 + T + ms, behind),
+            Verdict::Alive,
+            "a keepalive behind 16 GiB of our own puts was taken as unanswered"
+        );
+        let need = Duration::from_secs_f64((16u64 << 30) as f64 / FLOOR_BANDWIDTH as f64);
+        assert_eq!(live.tick(t0 + T + need - ms, behind), Verdict::Alive);
+        assert!(matches!(
+            live.tick(t0 + T + need + ms, behind),
+            Verdict::Dead(Death::KeepaliveUnanswered { .. })
+        ));
+        // A signalled large post: its completion is waited for as long.
+        let live = Liveness::new(T, t0);
+        let one = SendQueue {
+            outstanding: 1,
+            tail_signalled: true,
+            credits: 100,
+            bytes_ahead: 1 << 30,
+        };
+        let need = Duration::from_secs_f64((1u64 << 30) as f64 / FLOOR_BANDWIDTH as f64);
+        assert_eq!(live.tick(t0 + T + need - ms, one), Verdict::Alive);
+        assert!(matches!(
+            live.tick(t0 + T + need + ms, one),
+            Verdict::Dead(Death::Silent { outstanding: 1, .. })
         ));
     }
 

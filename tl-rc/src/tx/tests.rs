@@ -172,7 +172,7 @@ fn flush_and_fence_after_failure_return_the_failure() {
     tx.fail(UctError::EndpointFailed("second".into()), &mut events);
     assert!(failed_ids(&events).is_empty(), "released before the NIC");
     let first = UctError::EndpointFailed("first".into());
-    assert_eq!(tx.flush(), Err(first.clone()));
+    assert_eq!(tx.flush(), Ok(FlushNeed::Wait), "operations are in the NIC");
     assert_eq!(tx.fence(), Err(first.clone()));
     assert_eq!(tx.ready(), Err(first.clone()));
     tx.give_up(&mut events);
@@ -183,6 +183,7 @@ fn flush_and_fence_after_failure_return_the_failure() {
     )));
     assert_eq!(tx.credits(), 256, "credits come back on release");
     assert_eq!(tx.outstanding(), 0);
+    assert_eq!(tx.flush(), Err(first.clone()), "nothing left to wait for");
 }
 
 #[test]
@@ -448,4 +449,29 @@ fn after_a_failure_each_operation_is_released_only_at_its_completion() {
         .any(|e| matches!(e, TxEvent::FlushFailed("waiting", UctError::Protocol(_)))));
     assert_eq!(tx.outstanding(), 0);
     assert_eq!(tx.credits(), 256);
+}
+
+/// Review finding 1: a flush after a failure, with operations still in the
+/// NIC, must not fail at once: its caller would free a buffer a READ may
+/// still land in. It waits (InProgress) and fails once the NIC gave back
+/// every operation; only with nothing outstanding does it fail at once.
+#[test]
+fn a_flush_after_a_failure_waits_for_the_operations_in_the_nic() {
+    let mut tx = Tracker::new("rxe0:1", 256);
+    let plans = post_n(&mut tx, 0, 2);
+    let mut events = Vec::new();
+    tx.fail(UctError::Protocol("bad immediate".into()), &mut events);
+    assert_eq!(
+        tx.flush(),
+        Ok(FlushNeed::Wait),
+        "a flush failed with 2 operations still in the NIC"
+    );
+    tx.add_flush("waiting");
+    let events = error(&mut tx, plans[0].seq);
+    assert!(!events.iter().any(|e| matches!(e, TxEvent::FlushFailed(..))));
+    let events = error(&mut tx, plans[1].seq);
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, TxEvent::FlushFailed("waiting", UctError::Protocol(_)))));
+    assert!(matches!(tx.flush(), Err(UctError::Protocol(_))));
 }
