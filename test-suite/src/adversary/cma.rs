@@ -95,12 +95,14 @@ fn own_region() -> Result<Own, String> {
     })
 }
 
-/// A memfd of `size` bytes, not sealed, and its `/proc/<pid>/fd/<fd>` path.
+/// A memfd of `size` bytes, not sealed (it may be sealed later), and its
+/// `/proc/<pid>/fd/<fd>` path.
 fn memfd(size: usize) -> Result<(OwnedFd, String), String> {
     let label = c"uct-attacker-table";
     // SAFETY: a valid nul-terminated label; memfd_create returns a new
     // descriptor or -1.
-    let raw = unsafe { libc::memfd_create(label.as_ptr(), libc::MFD_CLOEXEC) };
+    let raw =
+        unsafe { libc::memfd_create(label.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if raw < 0 {
         return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
     }
@@ -109,6 +111,23 @@ fn memfd(size: usize) -> Result<(OwnedFd, String), String> {
     resize(&fd, size)?;
     let path = format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd());
     Ok((fd, path))
+}
+
+/// Seals `fd` against shrinking and growing, as a real table is.
+fn seal(fd: &OwnedFd) -> Result<(), String> {
+    // SAFETY: F_ADD_SEALS on our own memfd takes an int and touches no
+    // memory of this process.
+    let r = unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+        )
+    };
+    if r != 0 {
+        return Err(format!("F_ADD_SEALS: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 fn resize(fd: &OwnedFd, size: usize) -> Result<(), String> {
@@ -146,11 +165,13 @@ fn refused_for(outcome: Outcome, expect: &[&str], why: Option<&str>) -> Result<O
     }
 }
 
-/// A record table of one page, and an rkey whose index (65535) lies about
-/// 2.6 MB past it: the victim must refuse the table, never read past it.
+/// A record table of one page, sealed (so that only its size is wrong),
+/// and an rkey whose index (65535) lies about 2.6 MB past it: the victim
+/// must refuse the table, never read past it.
 fn short_table(t: &Target) -> Result<Outcome, String> {
     let own = own_region()?;
-    let (_table, path) = memfd(4096)?;
+    let (table, path) = memfd(4096)?;
+    seal(&table)?;
     let mut key = own.key.clone();
     key.table = path;
     key.index = u16::MAX as u32;

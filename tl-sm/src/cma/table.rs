@@ -4,9 +4,12 @@
 //!
 //! A peer maps a table through `/proc/<pid>/fd/<fd>` of the process it is
 //! connected to, and accepts it only when it is a regular file of exactly
-//! [`SIZE`] bytes sealed against shrinking: the size is ours, never read
-//! from the table, and the seal means the owner cannot cut pages from under
-//! our mapping (which would be SIGBUS on our next record check). The records
+//! [`SIZE`] bytes sealed against shrinking and growing: the size is ours,
+//! never read from the table, and the seals (read before the size, so that
+//! the size is for good) mean the owner cannot cut pages from under our
+//! mapping (which would be SIGBUS on our next record check). The peer's
+//! descriptor is resolved with `O_PATH` and reopened only once it is known
+//! to be a regular file. The records
 //! are mapped read-only on the peer side, so no bug of a peer can rewrite
 //! them; only the counters are writable.
 
@@ -74,15 +77,20 @@ fn seals(fd: &OwnedFd, cmd: libc::c_int, arg: libc::c_int) -> std::io::Result<li
     Ok(r)
 }
 
-/// Whether `fd` is a regular file of exactly [`SIZE`] bytes.
-fn is_table_sized(fd: &OwnedFd) -> std::io::Result<bool> {
+/// `fstat(fd)`.
+fn fstat(fd: &OwnedFd) -> std::io::Result<libc::stat> {
     let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: fstat writes one struct stat into `stat`, which has room.
     if unsafe { libc::fstat(fd.as_raw_fd(), stat.as_mut_ptr()) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: fstat succeeded, so it initialised the struct.
-    let stat = unsafe { stat.assume_init() };
+    Ok(unsafe { stat.assume_init() })
+}
+
+/// Whether `fd` is a regular file of exactly [`SIZE`] bytes.
+fn is_table_sized(fd: &OwnedFd) -> std::io::Result<bool> {
+    let stat = fstat(fd)?;
     Ok(stat.st_mode & libc::S_IFMT == libc::S_IFREG && stat.st_size == SIZE as libc::off_t)
 }
 
@@ -176,39 +184,56 @@ impl TableMemory {
 
     /// Maps the table of process `pid` at `path`, after checking that the
     /// path is that process's, and that the file is a table (see the module
-    /// documentation). Nothing but `/proc/<pid>/fd/<fd>` is ever opened.
+    /// documentation). Nothing but `/proc/<pid>/fd/<fd>` is ever opened, and
+    /// that only as a path (`O_PATH`) until it is known to be a regular
+    /// file: a FIFO or a device of the peer's is never opened.
     pub(crate) fn open(path: &str, pid: u32, region_id: u64) -> Result<TableMemory, UctError> {
         check_path(path, pid)?;
         let cpath =
             CString::new(path).map_err(|_| UctError::BadRkey("path contains a nul byte".into()))?;
         // SAFETY: a valid nul-terminated path; open returns a new descriptor
-        // or -1 with errno set. O_NONBLOCK and O_NOCTTY: whatever the peer's
-        // descriptor is, opening it neither blocks nor takes a terminal.
-        let fd = unsafe {
-            owned(libc::open(
-                cpath.as_ptr(),
-                libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK,
-            ))
-        }
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ENOENT) => UctError::NoSuchRegion { region_id },
-            Some(libc::EACCES) | Some(libc::EPERM) => UctError::EndpointFailed(format!(
-                "cma: not permitted to open {path} (ptrace rules: different user, or /proc/sys/kernel/yama/ptrace_scope > 0)"
-            )),
-            _ => UctError::io(format!("cma: open the record table {path}"), e),
-        })?;
+        // or -1 with errno set. O_PATH only resolves the path: the file
+        // itself is not opened, whatever it is.
+        let opath = unsafe { owned(libc::open(cpath.as_ptr(), libc::O_PATH | libc::O_CLOEXEC)) }
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOENT) => UctError::NoSuchRegion { region_id },
+                Some(libc::EACCES) | Some(libc::EPERM) => UctError::EndpointFailed(format!(
+                    "cma: not permitted to open {path} (ptrace rules: different user, or /proc/sys/kernel/yama/ptrace_scope > 0)"
+                )),
+                _ => UctError::io(format!("cma: open the record table {path}"), e),
+            })?;
         let not_table = |why: &str| {
             UctError::BadRkey(format!(
                 "{path} of process {pid} is not a cma record table ({why}); the peer is broken or hostile"
             ))
         };
-        if !is_table_sized(&fd).map_err(|e| UctError::io(format!("cma: stat {path}"), e))? {
-            return Err(not_table(&format!("not a regular file of {SIZE} bytes")));
+        let not_sized = || not_table(&format!("not a regular file of {SIZE} bytes"));
+        let stat = fstat(&opath).map_err(|e| UctError::io(format!("cma: stat {path}"), e))?;
+        if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(not_sized());
+        }
+        let reopen = CString::new(format!("/proc/self/fd/{}", opath.as_raw_fd()))
+            .map_err(|_| os_err("cma: the path of a descriptor"))?;
+        // SAFETY: as above; a regular file now, opened without blocking,
+        // without taking a terminal.
+        let fd = unsafe {
+            owned(libc::open(
+                reopen.as_ptr(),
+                libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK,
+            ))
+        }
+        .map_err(|e| UctError::io(format!("cma: open the record table {path} read-write"), e))?;
+        // The seals first: once the file can neither shrink nor grow, the
+        // size read next is its size for good (read before, the owner could
+        // shrink it in between, then seal it).
+        let sealed = seals(&fd, libc::F_GET_SEALS, 0).unwrap_or(0);
+        let resize = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        if sealed & resize != resize {
+            return Err(not_table("not sealed against shrinking and growing"));
         }
         between_checks();
-        let sealed = seals(&fd, libc::F_GET_SEALS, 0).unwrap_or(0);
-        if sealed & libc::F_SEAL_SHRINK == 0 {
-            return Err(not_table("not sealed against shrinking"));
+        if !is_table_sized(&fd).map_err(|e| UctError::io(format!("cma: stat {path}"), e))? {
+            return Err(not_sized());
         }
         let mem = TableMemory::map(&fd, libc::PROT_READ, "cma: map a peer's record table")?;
         // SAFETY: the counters are the last BUSY_BYTES of the SIZE-byte

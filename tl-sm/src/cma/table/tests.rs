@@ -1,6 +1,7 @@
 //! What a peer accepts as a record table: only a `/proc/<pid>/fd/<fd>` path
 //! of the process it is connected to, naming a regular file of exactly
-//! [`SIZE`] bytes, sealed against shrinking, with the table magic.
+//! [`SIZE`] bytes, sealed against shrinking and growing, with the table
+//! magic.
 
 use std::os::fd::AsRawFd;
 
@@ -12,7 +13,7 @@ fn me() -> u32 {
     std::process::id()
 }
 
-/// A memfd of `size` bytes (sealed against shrinking if `sealed`, with the
+/// A memfd of `size` bytes (sealed against resizing if `sealed`, with the
 /// table magic if `magic`) and its `/proc/self`-style path.
 fn memfd(size: usize, sealed: bool, magic: bool) -> (OwnedFd, String) {
     let label = CString::new("uct-test-table").unwrap();
@@ -34,7 +35,12 @@ fn memfd(size: usize, sealed: bool, magic: bool) -> (OwnedFd, String) {
         assert_eq!(n, 8);
     }
     if sealed {
-        seals(&fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK).unwrap();
+        seals(
+            &fd,
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+        )
+        .unwrap();
     }
     let path = format!("/proc/{}/fd/{}", me(), fd.as_raw_fd());
     (fd, path)
