@@ -10,33 +10,34 @@ use uct_core::{
 };
 
 use super::iface::{MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
+use super::peer::PeerProcess;
 use super::records::{InFlight, PeerTable};
 use super::vm::{transfer, Direction};
 use super::CmaRkey;
-use crate::host::PeerWatch;
 
 /// Local memory of a transfer: (pointer, length) pieces.
 type Pieces = [(*mut u8, usize)];
 
-/// A cma endpoint: the peer's process, watched; every access reads the
-/// peer's record table, mapped once per rkey.
+/// A cma endpoint: the peer's process, watched through a pidfd; every
+/// access reads the peer's record table, mapped once per rkey.
 pub(crate) struct CmaEp {
     pid: u32,
-    watch: PeerWatch,
+    peer: PeerProcess,
 }
 
 impl CmaEp {
     pub(crate) fn new(pid: u32) -> Self {
         CmaEp {
             pid,
-            watch: PeerWatch::new(pid),
+            peer: PeerProcess::new(pid),
         }
     }
 
     /// Checks the owner's record for an access, in its mapped table, and
     /// holds it in flight (so that the owner does not hand the memory back)
-    /// until the returned guard is dropped after the transfer. A dead peer
-    /// is refused first: its pid may be another process's by now.
+    /// until the returned guard is dropped after the transfer. A peer known
+    /// dead is refused first; [`transfer_to_peer`](Self::transfer_to_peer)
+    /// asks again right before the transfer.
     fn check<'k>(
         &mut self,
         rkey: &'k RemoteKey,
@@ -44,7 +45,7 @@ impl CmaEp {
         len: usize,
         needed: Access,
     ) -> Result<InFlight<'k>> {
-        self.watch.check("cma")?;
+        self.peer.check()?;
         let key = rkey.downcast::<CmaRkey>("cma")?;
         if key.pid != self.pid {
             return Err(UctError::RkeyMismatch {
@@ -100,7 +101,7 @@ impl CmaEp {
         between_check_and_transfer();
         // SAFETY: the pieces are readable for the whole call (this
         // function's contract).
-        unsafe { transfer(self.pid, pieces, addr, Direction::Write) }?;
+        unsafe { self.transfer_to_peer(pieces, addr, Direction::Write) }?;
         drop(in_flight);
         Ok(Status::Done)
     }
@@ -114,11 +115,31 @@ impl CmaEp {
     unsafe fn get(&mut self, pieces: &Pieces, addr: u64, rkey: &RemoteKey) -> Result<Status> {
         let len = pieces.iter().map(|(_, len)| len).sum();
         let in_flight = self.check(rkey, addr, len, Access::REMOTE_READ)?;
+        between_check_and_transfer();
         // SAFETY: the pieces are writable and unborrowed for the whole call
         // (this function's contract).
-        unsafe { transfer(self.pid, pieces, addr, Direction::Read) }?;
+        unsafe { self.transfer_to_peer(pieces, addr, Direction::Read) }?;
         drop(in_flight);
         Ok(Status::Done)
+    }
+
+    /// [`transfer`] on the peer's pid, once its pidfd says, asked right
+    /// now, that the peer still runs: then the pid is still the peer's (a
+    /// pid is recycled only after its process exited), not a recycled one's.
+    /// The window left is the few instructions between that poll and the
+    /// system call, against a pid reused within them.
+    ///
+    /// # Safety
+    /// As [`transfer`].
+    unsafe fn transfer_to_peer(
+        &mut self,
+        pieces: &Pieces,
+        addr: u64,
+        direction: Direction,
+    ) -> Result<()> {
+        self.peer.check_now()?;
+        // SAFETY: forwarded from this function's contract.
+        unsafe { transfer(self.pid, pieces, addr, direction) }
     }
 
     fn no(what: &str) -> UctError {
@@ -241,7 +262,7 @@ impl Endpoint for CmaEp {
 
     fn flush(&mut self, _comp: Option<&Completion>) -> Result<Status> {
         // Every transfer finished in its call; the peer must still exist.
-        self.watch.check("cma")?;
+        self.peer.check()?;
         Ok(Status::Done)
     }
 
@@ -253,7 +274,7 @@ impl Endpoint for CmaEp {
     /// milliseconds at most). cma has nothing outstanding to fail: every
     /// operation finishes in its call, and fails there once the peer is gone.
     fn check(&mut self) -> Result<()> {
-        self.watch.check("cma")
+        self.peer.check()
     }
 }
 

@@ -16,6 +16,7 @@ pub mod component;
 mod ep;
 mod iface;
 mod md;
+mod peer;
 pub mod records;
 mod table;
 mod vm;

@@ -154,8 +154,8 @@ fn no_transfer_reaches_a_peer_that_died_after_its_check() {
         })
         .expect("an endpoint to the child");
     let mut buf = [0u8; 8];
-    ep.get_short(&mut buf, mem.addr(), &rkey)
-        .expect("a get from the live child");
+    let got = ep.get_short(&mut buf, mem.addr(), &rkey);
+    assert!(got.is_ok(), "a get from the live child: {got:?}");
     let (pid, reaped) = (child.pid, child.reaped.clone());
     BETWEEN.with(|hook| *hook.borrow_mut() = Some(Box::new(move || Child::kill(pid, &reaped))));
     let before = crate::cma::vm::TRANSFERS.with(|n| n.get());
