@@ -5,9 +5,13 @@
 //!
 //! A failure moves the QP to the error state first, so that the NIC stops,
 //! and each operation is failed (its memory released) only when its own
-//! flushed completion says the NIC is done with it; after [`DRAIN_LIMIT`]
-//! without one, the rest fail and their memory is kept until the QP is
-//! destroyed. Dropping a connection does the same, within the limit.
+//! flushed completion says the NIC is done with it. After [`DRAIN_LIMIT`]
+//! without one, or at once when the QP cannot be moved to the error state,
+//! the QP is destroyed (ibv_destroy_qp returns once the NIC is done with
+//! it) and only then do the rest fail. Dropping a connection moves the QP
+//! to the error state, takes the flushed completions already there,
+//! destroys the QP, then cancels the rest. If the QP cannot be destroyed,
+//! the memory its requests point at is leaked, never freed.
 
 use std::collections::VecDeque;
 use std::net::Ipv6Addr;
@@ -29,6 +33,9 @@ use crate::wire::Immediate;
 pub(crate) const SEG: usize = 8192;
 /// Largest put_zcopy and get_zcopy, as the iface advertises it.
 pub(crate) const MAX_ZCOPY: usize = 1 << 30;
+/// Zero-copy posts of this many bytes or more are signalled, so that the
+/// peer timeout sees their progress (keepalive::FLOOR_BANDWIDTH).
+const SIGNAL_BYTES: u64 = 1 << 20;
 /// Most scatter/gather entries in one work request.
 pub(crate) const MAX_IOV: usize = 8;
 /// Receive work requests carry this bit and their segment; send ones are
@@ -36,7 +43,7 @@ pub(crate) const MAX_IOV: usize = 8;
 const RECV_BIT: u64 = SEQ_LIMIT;
 /// After a failure, how long to wait for the flushed completions of the
 /// operations outstanding before failing them anyway (their memory then
-/// stays until the QP is destroyed).
+/// is released once the QP is destroyed).
 const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 /// `check` looks at the clock once in this many calls, and `progress` once
 /// in this many idle polls: reading it each time would cost more than the
@@ -91,10 +98,17 @@ type Events = Vec<TxEvent<OpData, Completion>>;
 ///
 /// The QP is the first field, so that it is destroyed (and the NIC is done
 /// with every posted request) before anything its requests point at: the
-/// bounce and receive buffers, the operations' memory in `tx`, and
-/// `quarantine`.
+/// bounce and receive buffers and the operations' memory in `tx`. A failed
+/// connection may destroy it early (`None`).
 pub(crate) struct Connection {
-    pub(crate) qp: Qp,
+    qp: Option<Qp>,
+    /// The QP's number, which the peer connects to.
+    pub(crate) qpn: u32,
+    /// What the QP inlines.
+    pub(crate) max_inline: u32,
+    /// ibv_destroy_qp failed: the NIC may still reach what the QP's
+    /// requests point at, which is leaked.
+    qp_stuck: bool,
     cq: Arc<Cq>,
     /// The PSN our first send carries.
     pub(crate) psn: u32,
@@ -122,9 +136,6 @@ pub(crate) struct Connection {
     checks: u32,
     /// When the connection failed (the QP went to the error state).
     failed_at: Option<Instant>,
-    /// The memory of operations failed without their completion: the NIC
-    /// may still reach it until the QP is destroyed.
-    quarantine: Vec<MemHandle>,
     /// Reused completion array.
     wcs: Vec<ibv_wc>,
 }
@@ -148,7 +159,10 @@ impl Connection {
         let recv = md.alloc(queues.rx as usize * SEG, MemoryType::Host, local)?;
         let (bounce_lkey, recv_lkey) = (md.lkey_of(&bounce)?, md.lkey_of(&recv)?);
         let mut conn = Connection {
-            qp,
+            qpn: qp.qpn(),
+            max_inline: qp.max_inline,
+            qp: Some(qp),
+            qp_stuck: false,
             cq,
             psn: (std::process::id() ^ 0x5a5a5a) & 0xff_ffff,
             connected: false,
@@ -166,7 +180,6 @@ impl Connection {
             idle_polls: 0,
             checks: 0,
             failed_at: None,
-            quarantine: Vec::new(),
             // SAFETY: ibv_wc is plain C data (integers and a union of
             // integers): all zeroes is a valid value.
             wcs: (0..16).map(|_| unsafe { std::mem::zeroed() }).collect(),
@@ -185,41 +198,88 @@ impl Connection {
         // work); the CPU reads it only after its completion, until it is
         // posted again.
         unsafe {
-            self.qp
+            self.qp()?
                 .post_recv(RECV_BIT | seg as u64, addr, SEG as u32, self.recv_lkey)
         }?;
         Ok(())
     }
 
+    /// The QP, unless a failure destroyed it.
+    fn qp(&self) -> Result<&Qp> {
+        self.qp.as_ref().ok_or_else(|| {
+            self.tx.failure().cloned().unwrap_or_else(|| {
+                UctError::EndpointFailed(format!("rc {}: the QP was destroyed", self.label))
+            })
+        })
+    }
+
+    /// Destroys the QP, if it is still there: once ibv_destroy_qp returns
+    /// the NIC no longer reaches anything its requests pointed at. Returns
+    /// false if it could not be destroyed; what its requests point at (the
+    /// bounce and receive buffers here, the operations' memory in
+    /// `give_up`) is then leaked, never freed.
+    fn destroy_qp(&mut self) -> bool {
+        if let Some(qp) = self.qp.take() {
+            if let Err(e) = qp.destroy() {
+                log::error!(
+                    "rc {}: {e}; the NIC may still read or write the memory of the requests posted on it, so that memory is leaked (never freed) until the process exits",
+                    self.label
+                );
+                self.qp_stuck = true;
+                std::mem::forget(self.bounce.clone());
+                std::mem::forget(self.recv.clone());
+            }
+        }
+        !self.qp_stuck
+    }
+
     /// Fails the endpoint: the QP goes to the error state, so that the NIC
     /// stops and flushes what is posted; each operation fails when its
-    /// flushed completion comes back (or at the drain limit).
+    /// flushed completion comes back (or at the drain limit). If the QP
+    /// cannot be moved to the error state, it is destroyed at once and
+    /// every operation fails now.
     fn fail(&mut self, error: UctError) {
+        let mut stop = false;
         if self.failed_at.is_none() {
             log::debug!("rc {}: endpoint failed: {error}", self.label);
-            self.qp.to_error();
             self.failed_at = Some(Instant::now());
+            if let Some(Err(e)) = self.qp.as_ref().map(Qp::to_error) {
+                log::warn!(
+                    "rc {}: {e}; the QP is destroyed now instead, so that the NIC stops",
+                    self.label
+                );
+                stop = true;
+            }
         }
         let mut events = std::mem::take(&mut self.events);
         self.tx.fail(error, &mut events);
         self.apply(&mut events, 0);
         self.events = events;
+        if stop {
+            self.give_up();
+        }
     }
 
-    /// Stops waiting for flushed completions: the operations still
-    /// outstanding fail now, and their memory stays until the QP is
-    /// destroyed.
+    /// Stops waiting for flushed completions: the QP is destroyed (the NIC
+    /// is done with it when that returns), then the operations still
+    /// outstanding fail and their memory is released; if the QP could not
+    /// be destroyed, their memory is leaked.
     fn give_up(&mut self) {
-        log::debug!(
-            "rc {}: {} operations without a flushed completion after {DRAIN_LIMIT:?}; their memory is kept until the QP is destroyed",
-            self.label,
-            self.tx.outstanding()
-        );
+        if self.tx.outstanding() > 0 {
+            log::debug!(
+                "rc {}: {} operations without a flushed completion; the QP is destroyed before they fail",
+                self.label,
+                self.tx.outstanding()
+            );
+        }
+        let stopped = self.destroy_qp();
         let mut events = std::mem::take(&mut self.events);
         self.tx.give_up(&mut events);
-        for event in &mut events {
-            if let TxEvent::Failed { payload, .. } = event {
-                self.quarantine.append(&mut payload.keep);
+        if !stopped {
+            for event in &mut events {
+                if let TxEvent::Failed { payload, .. } = event {
+                    payload.keep.drain(..).for_each(std::mem::forget);
+                }
             }
         }
         self.apply(&mut events, 0);
@@ -344,7 +404,7 @@ impl Connection {
             outstanding: self.tx.outstanding(),
             tail_signalled: self.tx.tail_signalled(),
             credits: self.tx.credits(),
-            bytes_ahead: 0,
+            bytes_ahead: self.tx.bytes_ahead(),
         };
         match self.live.tick(now, queue) {
             Verdict::Alive => {}
@@ -499,7 +559,8 @@ impl Connection {
     ) -> Result<()> {
         let always = force
             || data.delivery.needs_signal()
-            || self.free_segs.len() < crate::tx::MODERATION as usize;
+            || self.free_segs.len() < crate::tx::MODERATION as usize
+            || wr_bytes(wr) >= SIGNAL_BYTES;
         let plan = self.tx.plan(if always {
             Signal::Always
         } else {
@@ -536,13 +597,16 @@ impl Connection {
         if plan.fenced {
             wr.send_flags |= ibv_send_flags::IBV_SEND_FENCE.0;
         }
-        // SAFETY: the SGEs point into this connection's bounce buffer
-        // (registered, alive as long as the QP), into memory the op keeps
-        // alive in `data.keep` until its completion (or the QP's
-        // destruction), or are inline.
-        if let Err(e) = unsafe { self.qp.post_send(wr) } {
+        let posted = match self.qp() {
+            // SAFETY: the SGEs point into this connection's bounce buffer
+            // (registered, alive as long as the QP), into memory the op
+            // keeps alive in `data.keep` until its completion (or the QP's
+            // destruction), or are inline.
+            Ok(qp) => unsafe { qp.post_send(wr) }.map_err(UctError::from),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = posted {
             self.tx.abandon(plan);
-            let e = UctError::from(e);
             if let Some(seg) = data.seg {
                 self.free_segs.push(seg);
             }
@@ -552,6 +616,7 @@ impl Connection {
         let op = TxOp {
             expect,
             what,
+            bytes: wr_bytes(wr),
             payload: data,
         };
         Ok(self.tx.post(plan, op))
@@ -585,7 +650,7 @@ impl Connection {
                 "the rc endpoint is already connected".into(),
             ));
         }
-        self.qp.connect(local, self.psn, remote)?;
+        self.qp()?.connect(local, self.psn, remote)?;
         self.connected = true;
         self.label = format!(
             "{} to peer QP {:#x} at {}",
@@ -601,9 +666,9 @@ impl Connection {
 
 impl Drop for Connection {
     /// Operations still outstanding fail (Canceled) once the NIC is done
-    /// with them: the QP goes to the error state and its flushed completions
-    /// are polled, for at most [`DRAIN_LIMIT`]; memory whose completion
-    /// did not come stays until the QP is destroyed (the first field).
+    /// with them: the QP goes to the error state, the flushed completions
+    /// already there are taken, the QP is destroyed (the NIC is done with
+    /// it when that returns), then the rest are canceled. No waiting.
     fn drop(&mut self) {
         if self.tx.outstanding() == 0 {
             // No flush waits either: flushes wait only for operations.
@@ -613,14 +678,19 @@ impl Drop for Connection {
             "rc {}: the endpoint was destroyed with the operation outstanding",
             self.label
         )));
-        let start = Instant::now();
-        while self.tx.outstanding() > 0 && start.elapsed() < DRAIN_LIMIT {
-            if self.progress() == 0 {
-                std::thread::yield_now();
-            }
-        }
-        if self.tx.outstanding() > 0 {
-            self.give_up();
-        }
+        self.progress();
+        self.give_up();
     }
+}
+
+/// The bytes `wr` moves: the lengths of its SGEs.
+fn wr_bytes(wr: &ibv_send_wr) -> u64 {
+    if wr.sg_list.is_null() || wr.num_sge <= 0 {
+        return 0;
+    }
+    // SAFETY: the work requests of this file are built by post.rs, whose
+    // `sg_list` points at `num_sge` SGEs that live while the request is
+    // being posted (the caller's contract for posting it at all).
+    let sges = unsafe { std::slice::from_raw_parts(wr.sg_list, wr.num_sge as usize) };
+    sges.iter().map(|sge| u64::from(sge.length)).sum()
 }

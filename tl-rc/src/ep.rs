@@ -34,7 +34,7 @@ impl RcEp {
         local: LocalPath,
         max_short: usize,
     ) -> Self {
-        let inline = conn.lock().unwrap_or_else(|p| p.into_inner()).qp.max_inline as usize;
+        let inline = conn.lock().unwrap_or_else(|p| p.into_inner()).max_inline as usize;
         RcEp {
             conn,
             md,
@@ -308,7 +308,7 @@ impl Endpoint for RcEp {
     fn ep_address(&self) -> Result<Vec<u8>> {
         let conn = self.lock();
         Ok(EpAddress {
-            qpn: conn.qp.qpn(),
+            qpn: conn.qpn,
             psn: conn.psn,
         }
         .encode())

@@ -288,14 +288,37 @@ impl Qp {
     }
 
     /// Moves the QP to the error state: the NIC stops working on it and
-    /// flushes what is posted.
-    pub fn to_error(&self) {
+    /// flushes what is posted. If this fails, the QP may still be working:
+    /// destroy it ([`destroy`](Qp::destroy)) before releasing anything its
+    /// requests point at.
+    pub fn to_error(&self) -> Result<(), VerbsError> {
         let mut err_attr = zeroed_attr();
         err_attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
         let mask = ibv_qp_attr_mask::IBV_QP_STATE.0;
-        if let Err(e) = self.modify(&mut err_attr, mask, QpState::Rts, QpState::Error) {
-            log::debug!("{e}");
+        self.modify(&mut err_attr, mask, QpState::Rts, QpState::Error)
+    }
+
+    /// Destroys the QP now: when ibv_destroy_qp returns, the NIC no longer
+    /// reaches what its requests pointed at. If it fails, the QP (and its
+    /// PD and CQ) are leaked rather than freed under the NIC, and so must
+    /// be whatever its requests point at.
+    pub fn destroy(self) -> Result<(), VerbsError> {
+        let qpn = self.qpn();
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: made in `new`, destroyed once: here, and `this` is never
+        // dropped, so Drop does not destroy it again.
+        let r = unsafe { ibv_destroy_qp(this.ptr.as_ptr()) };
+        if r != 0 {
+            return Err(VerbsError::new(format!("ibv_destroy_qp on QP {qpn}"), r).on(&this.device));
         }
+        // SAFETY: each field is read once, out of `this`, which is never
+        // used or dropped again; the QP is gone, so its PD and CQ may go.
+        unsafe {
+            drop(std::ptr::read(&this._pd));
+            drop(std::ptr::read(&this._cq));
+            drop(std::ptr::read(&this.device));
+        }
+        Ok(())
     }
 
     /// Posts one send work request.

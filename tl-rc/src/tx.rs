@@ -90,6 +90,8 @@ pub struct Plan {
 pub struct TxOp<T> {
     pub expect: WcOpcode,
     pub what: &'static str,
+    /// The bytes it moves (its SGEs' lengths), for the peer timeout.
+    pub bytes: u64,
     pub payload: T,
 }
 
@@ -126,6 +128,7 @@ pub enum FlushNeed {
 
 struct Posted<T> {
     seq: u64,
+    signalled: bool,
     op: TxOp<T>,
 }
 
@@ -229,6 +232,20 @@ impl<T, F> TxTracker<T, F> {
         self.tail_signalled
     }
 
+    /// The bytes of the operations up to and including the first
+    /// signalled one outstanding (all of them when none is): what must move
+    /// before the next completion can be seen.
+    pub fn bytes_ahead(&self) -> u64 {
+        let mut bytes = 0u64;
+        for posted in &self.ops {
+            bytes = bytes.saturating_add(posted.op.bytes);
+            if posted.signalled {
+                break;
+            }
+        }
+        bytes
+    }
+
     /// A planned post that was not made: its fence is pending again.
     pub fn abandon(&mut self, plan: Plan) {
         if plan.fenced {
@@ -249,7 +266,11 @@ impl<T, F> TxTracker<T, F> {
         };
         self.tail_signalled = plan.signalled;
         self.credits = self.credits.saturating_sub(1);
-        self.ops.push_back(Posted { seq: plan.seq, op });
+        self.ops.push_back(Posted {
+            seq: plan.seq,
+            signalled: plan.signalled,
+            op,
+        });
         self.ops.len() == 1
     }
 
@@ -377,10 +398,16 @@ impl<T, F> TxTracker<T, F> {
         Ok(())
     }
 
-    /// What a flush needs now.
+    /// What a flush needs now. After a failure, a flush waits while
+    /// operations are still in the NIC (their memory is not free to reuse
+    /// before their flushed completions), then fails: the failure is
+    /// returned only when nothing is outstanding.
     pub fn flush(&self) -> Result<FlushNeed> {
         if let Some(e) = &self.failure {
-            return Err(e.clone());
+            if self.ops.is_empty() {
+                return Err(e.clone());
+            }
+            return Ok(FlushNeed::Wait);
         }
         Ok(if self.ops.is_empty() {
             FlushNeed::Done
@@ -393,7 +420,8 @@ impl<T, F> TxTracker<T, F> {
         })
     }
 
-    /// A flush to complete when nothing is outstanding any more.
+    /// A flush to complete when nothing is outstanding any more (to fail
+    /// then, after a failure).
     pub fn add_flush(&mut self, flush: F) {
         self.flushes.push(flush);
     }

@@ -9,6 +9,7 @@ fn op(id: u32) -> TxOp<u32> {
     TxOp {
         expect: WcOpcode::RdmaWrite,
         what: "put_bcopy",
+        bytes: 100,
         payload: id,
     }
 }
@@ -474,4 +475,16 @@ fn a_flush_after_a_failure_waits_for_the_operations_in_the_nic() {
         .iter()
         .any(|e| matches!(e, TxEvent::FlushFailed("waiting", UctError::Protocol(_)))));
     assert!(matches!(tx.flush(), Err(UctError::Protocol(_))));
+}
+
+#[test]
+fn bytes_ahead_count_up_to_the_first_signalled_post() {
+    let mut tx = Tracker::new("rxe0:1", 256);
+    assert_eq!(tx.bytes_ahead(), 0);
+    let plans = post_n(&mut tx, 0, 20);
+    // The 16th is signalled: 16 posts of 100 bytes are ahead of its
+    // completion.
+    assert_eq!(tx.bytes_ahead(), 1600);
+    ok(&mut tx, plans[15].seq);
+    assert_eq!(tx.bytes_ahead(), 400, "none signalled: all of them");
 }
