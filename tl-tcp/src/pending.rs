@@ -395,6 +395,60 @@ mod tests {
         assert!(!r.has_room(0));
     }
 
+    fn get_bytes(r: &mut Requests, ep: u32, len: usize) -> (u64, Completion) {
+        let comp = Completion::new();
+        let req = r.next_req(ep);
+        r.add(req, PendingOp::GetBytes(comp.clone()), len);
+        (req, comp)
+    }
+
+    #[test]
+    fn a_get_bcopy_reply_of_another_length_fails_that_get() {
+        let mut r = Requests::default();
+        let ep = r.new_ep_id();
+        let ok = |req| Header::GetReply { req, error: None };
+        let (short, short_comp) = get_bytes(&mut r, ep, 64);
+        r.on_reply(ok(short), vec![7; 10]).unwrap();
+        let e = short_comp.result().unwrap_err();
+        assert!(
+            matches!(&e, UctError::Protocol(m) if m.contains("10 bytes") && m.contains("64")),
+            "{e}"
+        );
+        assert!(
+            short_comp.take_data().is_none(),
+            "a short reply's bytes were delivered"
+        );
+        let (long, long_comp) = get_bytes(&mut r, ep, 4);
+        r.on_reply(ok(long), vec![7; 5]).unwrap();
+        assert!(matches!(long_comp.result(), Err(UctError::Protocol(_))));
+        let (exact, exact_comp) = get_bytes(&mut r, ep, 3);
+        r.on_reply(ok(exact), vec![1, 2, 3]).unwrap();
+        assert_eq!(exact_comp.result(), Ok(()));
+        assert!(matches!(exact_comp.take_data(), Some(CompletionData::Bytes(b)) if b == [1, 2, 3]));
+    }
+
+    #[test]
+    fn a_nack_naming_another_endpoints_request_is_refused() {
+        let mut r = Requests::default();
+        let (a, b) = (r.new_ep_id(), r.new_ep_id());
+        // a's put, then b's flush: b sent nothing the peer may refuse.
+        let put = r.next_req(a);
+        let (f, comp) = flush(&mut r, b);
+        let misattributed = req_id(b, req_seq(put));
+        assert!(
+            r.on_reply(nack(misattributed), vec![]).is_err(),
+            "a Nack of a's put under b's id was taken"
+        );
+        r.on_reply(Header::FlushReply { req: f }, vec![]).unwrap();
+        assert_eq!(comp.result(), Ok(()), "b's flush failed for a's put");
+        // The Nack of a's put under its own id still counts for a.
+        let put = r.next_req(a);
+        r.on_reply(nack(put), vec![]).unwrap();
+        let (f, comp) = flush(&mut r, a);
+        r.on_reply(Header::FlushReply { req: f }, vec![]).unwrap();
+        assert_eq!(comp.result(), Err(UctError::BadSecret));
+    }
+
     #[test]
     fn endpoint_ids_wrap_and_stay_known() {
         let mut r = Requests {

@@ -88,6 +88,60 @@ fn get_flood_is_bounded() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Links of the many-links flood.
+const FLOOD_LINKS: usize = 32;
+
+/// One peer opens many links, each with a valid Hello, and floods gets of
+/// half the region on each without ever reading: what the victim holds for
+/// them is bounded in all, not per link, and a well-behaved peer that comes
+/// later is still served.
+fn many_links_flooding_gets_are_bounded_in_all() -> Result<(), Failed> {
+    let victim = Victim::spawn(&[]);
+    let key = common::wire_key(&victim.rkey);
+    let (rss0, _) = common::rss_kib(victim.pid());
+    let half = (VICTIM_REGION / 2) as u64;
+    let gets: Vec<u8> = (0..64u64)
+        .flat_map(|req| {
+            frame(
+                &Header::Get {
+                    req,
+                    key,
+                    addr: victim.addr + half,
+                    len: half,
+                },
+                &[],
+            )
+        })
+        .collect();
+    let mut links = Vec::new();
+    for _ in 0..FLOOD_LINKS {
+        let mut s = connect(victim.peer().socket_addr());
+        let mut bytes = honest_hello(victim.peer());
+        bytes.extend_from_slice(&gets);
+        // The victim may stop reading part-way: that is its bound.
+        let _ = write_all(&mut s, &bytes, Duration::from_millis(300), || {
+            std::thread::sleep(Duration::from_millis(1))
+        });
+        links.push(s);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let (_, peak) = common::rss_kib(victim.pid());
+    let grew_mib = peak.saturating_sub(rss0) / 1024;
+    println!("{FLOOD_LINKS} links of 64 unread gets of 512 KiB: the victim grew {grew_mib} MiB");
+    let t = Instant::now();
+    let served = victim.legit_transfer(9);
+    println!(
+        "a well-behaved peer after the flood: {served:?} in {:?}",
+        t.elapsed()
+    );
+    ensure(grew_mib < 64, || {
+        format!("the victim grew {grew_mib} MiB for {FLOOD_LINKS} links of gets nobody reads")
+    })?;
+    served.map_err(|e| format!("a well-behaved peer after the flood: {e}"))?;
+    drop(links);
+    Ok(())
+}
+
 /// A fake peer: a listener with an iface address, and the link the iface
 /// under test opens to it.
 struct FakePeer {
@@ -442,6 +496,10 @@ fn main() {
     let args = Arguments::from_args();
     let trials = vec![
         Trial::test("get_flood_is_bounded", get_flood_is_bounded),
+        Trial::test(
+            "many_links_flooding_gets_are_bounded_in_all",
+            many_links_flooding_gets_are_bounded_in_all,
+        ),
         Trial::test(
             "a_nack_for_no_request_is_refused",
             a_nack_for_no_request_is_refused,

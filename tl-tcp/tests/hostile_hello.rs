@@ -102,6 +102,67 @@ fn a_forged_hello_gets_no_traffic_meant_for_the_peer_it_claims_to_be() {
     assert_eq!(got.load(Ordering::SeqCst), 1, "P did not get its message");
 }
 
+/// P's cookie is no secret: it is in P's address, which P hands to every
+/// peer. A process that has it (and the victim's address) says a Hello that
+/// is word for word P's own, from P's IP; the victim may take its requests,
+/// but its own traffic for P goes only on a connection it opened to P.
+#[test]
+fn a_forger_with_the_peers_own_cookie_gets_no_traffic_meant_for_the_peer() {
+    let mut victim = open();
+    let mut peer = open();
+    let got = counter(peer.as_mut(), 7);
+    let v = Peer::of_iface(victim.as_ref());
+    let p = Peer::of_iface(peer.as_ref());
+    let mut forger = connect(v.socket_addr());
+    assert!(common::write_all(
+        &mut forger,
+        &hello(p, v.cookie),
+        Duration::from_secs(5),
+        || {}
+    ));
+    progress_for(&mut [victim.as_mut()], Duration::from_millis(200));
+
+    // Both ways of connecting: to P's iface, and to an endpoint of P.
+    let mut to_iface = victim
+        .create_ep(EpParams::ToIface {
+            device_addr: peer.device_address(),
+            iface_addr: peer.iface_address(),
+        })
+        .unwrap();
+    let mut to_ep = victim.create_ep(EpParams::Unconnected).unwrap();
+    let p_ep = peer.create_ep(EpParams::Unconnected).unwrap();
+    to_ep
+        .connect_to_ep(&peer.device_address(), &p_ep.ep_address().unwrap())
+        .unwrap();
+    let mut flushes = Vec::new();
+    for ep in [&mut to_iface, &mut to_ep] {
+        assert_eq!(ep.am_bcopy(7, b"for P only").unwrap(), Status::Done);
+        let flush = Completion::new();
+        let _ = ep.flush(Some(&flush)).unwrap();
+        flushes.push(flush);
+    }
+    let t0 = Instant::now();
+    while !flushes.iter().all(|f| f.is_complete()) && t0.elapsed() < Duration::from_secs(3) {
+        victim.progress();
+        peer.progress();
+    }
+    let r = read_for(&mut forger, Duration::from_millis(300), || {
+        victim.progress();
+        peer.progress();
+    });
+    assert!(
+        r.bytes == 0,
+        "a forger with P's cookie received {} bytes meant for P: {:?}",
+        r.bytes,
+        r.frames
+    );
+    for flush in &flushes {
+        assert!(flush.is_complete(), "a flush to P did not complete");
+        flush.result().expect("a flush to the real P");
+    }
+    assert_eq!(got.load(Ordering::SeqCst), 2, "P did not get its messages");
+}
+
 #[test]
 fn frames_before_a_hello_are_refused_and_the_link_closed() {
     let mut victim = open();
