@@ -445,3 +445,90 @@ fn a_descriptor_the_kernel_does_not_let_us_open_is_a_permission_error() {
         ));
     }
 }
+
+#[test]
+fn a_header_with_a_misaligned_base_is_refused() {
+    // The owner (or any peer of a read-write segment) moves the header's
+    // base off its page: an owner's address aligned for an atomic would
+    // then land misaligned in the peer's mapping.
+    let (owner, fd) = segment("misaligned", 8192, Access::all());
+    let b = base(&owner);
+    owner.header().base.store(b + 1, Ordering::Relaxed);
+    let peer = open(&fd, Peers::ReadWrite).unwrap();
+    let view = peer.view(SECRET);
+    let got = peer.check_view(&view, REGION, SECRET, b + 8, 8, Access::REMOTE_ATOMIC);
+    assert!(
+        matches!(got, Err(UctError::BadRkey(ref why)) if why.contains("aligned")),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn a_peer_maps_what_the_header_claims_not_the_whole_file() {
+    // A sealed, sparse memfd of 2 TiB whose header claims 8 KiB: mapping
+    // all of it would cost 2 TiB of our address space per rkey.
+    let (real, _fd) = segment("sparse", 8192, Access::all());
+    let huge = foreign_memfd(1 << 41, 0);
+    copy_header(&real, &huge, HEADER_SPACE);
+    seal_op(huge.as_fd(), libc::F_ADD_SEALS, SIZE_SEALS).unwrap();
+    let peer = open(&huge, Peers::ReadWrite).unwrap();
+    assert_eq!(peer.data_len(), 8192);
+}
+
+#[test]
+fn a_header_claiming_more_than_a_peer_maps_is_refused() {
+    // 16 TiB, sparse, and its header claims all of it.
+    let size: usize = 1 << 44;
+    let (real, _fd) = segment("claims-16t", 8192, Access::all());
+    let huge = foreign_memfd(HEADER_SPACE + size, 0);
+    copy_header(&real, &huge, HEADER_SPACE);
+    let len = (size as u64).to_ne_bytes();
+    let at = std::mem::offset_of!(SegHeader, len) as libc::off_t;
+    // SAFETY: writes 8 bytes of a live buffer to an open descriptor.
+    assert_eq!(
+        unsafe { libc::pwrite(huge.as_raw_fd(), len.as_ptr().cast(), 8, at) },
+        8
+    );
+    seal_op(huge.as_fd(), libc::F_ADD_SEALS, SIZE_SEALS).unwrap();
+    let got = open(&huge, Peers::ReadWrite);
+    assert!(
+        matches!(got, Err(UctError::BadRkey(ref why)) if why.contains("more than")),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn a_fifo_is_refused_without_being_opened() {
+    // Opening a FIFO has effects (it may block, it wakes its other end, it
+    // is reported to watchers): a descriptor that is no regular file must
+    // be refused before it is opened for reading or writing.
+    let dir = std::env::temp_dir().join(format!("{}-{}", label("fifo"), std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("fifo");
+    let cpath = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path; mkfifo creates a node and touches no memory.
+    assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0);
+    // O_RDWR opens a FIFO without waiting for another end.
+    // SAFETY: a valid path; open returns a new descriptor or -1.
+    let fifo = unsafe { fd_from_call(libc::open(cpath.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC)) }
+        .unwrap();
+    // SAFETY: inotify_init1 returns a new descriptor or -1.
+    let watch =
+        unsafe { fd_from_call(libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC)) }.unwrap();
+    // SAFETY: a valid descriptor and path.
+    let wd = unsafe { libc::inotify_add_watch(watch.as_raw_fd(), cpath.as_ptr(), libc::IN_OPEN) };
+    assert!(wd >= 0, "{}", std::io::Error::last_os_error());
+    let got = [Peers::ReadOnly, Peers::ReadWrite].map(|peers| open(&fifo, peers));
+    let mut events = [0u8; 256];
+    // SAFETY: reads into a live buffer of that size.
+    let n = unsafe { libc::read(watch.as_raw_fd(), events.as_mut_ptr().cast(), events.len()) };
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(n < 0, "the FIFO was opened ({n} bytes of inotify events)");
+    for got in got {
+        assert!(
+            matches!(got, Err(UctError::BadRkey(ref why)) if why.contains("not a regular file")),
+            "{got:?}"
+        );
+    }
+}
