@@ -160,11 +160,30 @@ impl Drop for Pd {
 /// to let go of the registration, the memory is leaked rather than freed
 /// under it.
 pub struct Mr {
+    /// Read only at registration and passed to `dereg`: after a
+    /// deregistration it points at freed memory.
     ptr: NonNull<ibv_mr>,
+    /// The keys, read at registration, so that they never read `ptr`.
+    lkey: u32,
+    rkey: u32,
     /// Kept (leaked) when deregistration fails: the MR still lives in it.
     pd: Arc<Pd>,
     /// Deregistration was tried: Drop does not try again.
     released: bool,
+    /// ibv_dereg_mr, or a test's stand-in.
+    dereg: Dereg,
+}
+
+/// How an MR is deregistered: ibv_dereg_mr's signature.
+type Dereg = unsafe fn(*mut ibv_mr) -> libc::c_int;
+
+/// ibv_dereg_mr as a Rust function pointer.
+///
+/// # Safety
+/// As ibv_dereg_mr: `mr` is a live MR, deregistered once.
+unsafe fn dereg_mr(mr: *mut ibv_mr) -> libc::c_int {
+    // SAFETY: forwarded contract.
+    unsafe { ibv_dereg_mr(mr) }
 }
 
 // SAFETY: an MR is not tied to the thread that registered it.
@@ -194,26 +213,42 @@ impl Mr {
         call: impl Into<String>,
     ) -> Result<Mr, VerbsError> {
         match NonNull::new(p) {
-            Some(ptr) => Ok(Mr {
-                ptr,
-                pd: pd.clone(),
-                released: false,
-            }),
+            // SAFETY: by the contract, a non-null `p` is a live MR, not yet
+            // deregistered: its keys can be read.
+            Some(ptr) => Ok(unsafe { Mr::wrap(ptr, pd, dereg_mr) }),
             None => Err(VerbsError::last(call).on(pd.context().name())),
         }
     }
 
-    /// The local key, for work requests.
-    pub fn lkey(&self) -> u32 {
-        // SAFETY: `ptr` is the MR registered when this Mr was made and
-        // deregistered only in Drop, so it is valid while `self` is.
-        unsafe { (*self.ptr.as_ptr()).lkey }
+    /// An Mr of `ptr`, deregistered through `dereg`; the keys are read
+    /// now and never again.
+    ///
+    /// # Safety
+    /// `ptr` is a live MR of `pd`, owned by nobody else, that `dereg`
+    /// deregisters.
+    unsafe fn wrap(ptr: NonNull<ibv_mr>, pd: &Arc<Pd>, dereg: Dereg) -> Mr {
+        // SAFETY: by the contract `ptr` is a live MR.
+        let (lkey, rkey) = unsafe { ((*ptr.as_ptr()).lkey, (*ptr.as_ptr()).rkey) };
+        Mr {
+            ptr,
+            lkey,
+            rkey,
+            pd: pd.clone(),
+            released: false,
+            dereg,
+        }
     }
 
-    /// The remote key, for peers.
+    /// The local key, for work requests. After
+    /// [`deregister`](Mr::deregister), the key the MR had (which names
+    /// nothing, or another registration, by then).
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+
+    /// The remote key, for peers; after a deregistration, as `lkey`.
     pub fn rkey(&self) -> u32 {
-        // SAFETY: as in `lkey`.
-        unsafe { (*self.ptr.as_ptr()).rkey }
+        self.rkey
     }
 }
 
@@ -224,18 +259,20 @@ impl Mr {
     /// the NIC may still read or write that memory, so `covers` is leaked
     /// (never dropped, so never freed) and the failure logged as an error.
     /// Returns whether the MR was deregistered; a second call does nothing.
+    /// The MR itself is never read again (the keys were read at
+    /// registration).
     pub fn deregister<T>(&mut self, covers: T) -> bool {
         if std::mem::replace(&mut self.released, true) {
             drop(covers);
             return true;
         }
-        let ptr = self.ptr.as_ptr();
+        let (ptr, dereg) = (self.ptr.as_ptr(), self.dereg);
         let pd = self.pd.clone();
         release(
             "a memory region",
-            // SAFETY: `from_raw` made this Mr the MR's only owner, and
+            // SAFETY: `wrap` made this Mr the MR's only owner, and
             // `released` makes this the only deregistration.
-            || unsafe { ibv_dereg_mr(ptr) },
+            || unsafe { dereg(ptr) },
             (covers, pd),
         )
     }
@@ -273,18 +310,63 @@ mod tests {
     use super::*;
     use uct_core::host_alloc::HostAlloc;
 
-    /// Finding 12.7: when the NIC keeps a registration (ibv_dereg_mr
-    /// failed), the memory it covers must not be freed: it is leaked.
+    /// A protection domain that is never used: its pointers dangle, so it
+    /// must never be dropped (the tests forget a reference to it).
+    fn fake_pd() -> Arc<Pd> {
+        let ctx = Arc::new(Context {
+            ptr: NonNull::dangling(),
+            name: "fake0".into(),
+        });
+        let pd = Arc::new(Pd {
+            ptr: NonNull::dangling(),
+            ctx,
+        });
+        std::mem::forget(pd.clone());
+        pd
+    }
+
+    /// An ibv_mr with keys 7 and 9, on the heap (a test's dereg frees it).
+    fn fake_mr() -> NonNull<ibv_mr> {
+        // SAFETY: ibv_mr is plain C data: all zeroes is a valid value.
+        let mut mr: Box<ibv_mr> = Box::new(unsafe { std::mem::zeroed() });
+        mr.lkey = 7;
+        mr.rkey = 9;
+        NonNull::from(Box::leak(mr))
+    }
+
+    /// A dereg that fails as a NIC that keeps the registration does.
+    unsafe fn busy(_: *mut ibv_mr) -> libc::c_int {
+        libc::EBUSY
+    }
+
+    /// A dereg that succeeds, and scribbles over the freed MR the way a
+    /// reuse of its memory would.
+    unsafe fn scribble(mr: *mut ibv_mr) -> libc::c_int {
+        // SAFETY: `mr` came from `fake_mr` (a leaked Box), deregistered
+        // once.
+        unsafe {
+            (*mr).lkey = 0xdead;
+            (*mr).rkey = 0xdead;
+        }
+        0
+    }
+
+    /// Finding 12.7, through `Mr::deregister` (what IbBacking's Drop
+    /// calls) with a failing ibv_dereg_mr: what keeps the memory alive is
+    /// leaked, and the memory stays mapped.
     #[test]
     fn a_failed_dereg_leaks_the_memory_it_covers() {
         let len = 4 << 20;
         let mem = HostAlloc::new(len).expect("alloc");
         let addr = mem.as_ptr();
-        let owner = std::sync::Arc::new(());
-        let covers = (mem, owner.clone());
-        assert!(!release("a test MR", || libc::EBUSY, covers));
+        let owner = Arc::new(());
+        let pd = fake_pd();
+        // SAFETY: a fake MR of a fake PD, deregistered by `busy` only.
+        let mut mr = unsafe { Mr::wrap(fake_mr(), &pd, busy) };
+        assert!(!mr.deregister((mem, owner.clone())));
+        drop(mr);
         assert_eq!(
-            std::sync::Arc::strong_count(&owner),
+            Arc::strong_count(&owner),
             2,
             "what kept the memory alive was dropped after a failed ibv_dereg_mr"
         );
@@ -302,8 +384,24 @@ mod tests {
 
     #[test]
     fn a_successful_dereg_frees_what_it_covered() {
-        let owner = std::sync::Arc::new(());
-        assert!(release("a test MR", || 0, owner.clone()));
-        assert_eq!(std::sync::Arc::strong_count(&owner), 1);
+        let owner = Arc::new(());
+        let pd = fake_pd();
+        // SAFETY: a fake MR of a fake PD, deregistered by `scribble` only.
+        let mut mr = unsafe { Mr::wrap(fake_mr(), &pd, scribble) };
+        assert!(mr.deregister(owner.clone()));
+        assert_eq!(Arc::strong_count(&owner), 1);
+        assert!(mr.deregister(owner.clone()), "a second call does nothing");
+        assert_eq!(Arc::strong_count(&owner), 1);
+    }
+
+    /// Review finding 4: `deregister` is safe, so the keys must not be
+    /// read from the freed ibv_mr after it.
+    #[test]
+    fn the_keys_after_a_deregistration_are_not_read_from_the_freed_mr() {
+        let pd = fake_pd();
+        // SAFETY: a fake MR of a fake PD, deregistered by `scribble` only.
+        let mut mr = unsafe { Mr::wrap(fake_mr(), &pd, scribble) };
+        assert!(mr.deregister(()));
+        assert_eq!((mr.lkey(), mr.rkey()), (7, 9), "read from the freed MR");
     }
 }
