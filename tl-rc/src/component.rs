@@ -161,9 +161,10 @@ impl Component for IbComponent {
                 .flatten()
                 .unwrap_or(64)
                 .clamp(8, 16384) as u32,
-            peer_timeout: cfg
-                .get_duration("UCT_RC_PEER_TIMEOUT")
-                .unwrap_or(std::time::Duration::from_secs(10)),
+            peer_timeout: peer_timeout(
+                cfg.get_duration("UCT_RC_PEER_TIMEOUT")
+                    .unwrap_or(std::time::Duration::from_secs(10)),
+            ),
         };
         Ok(Box::new(RcIface::open(
             md.clone(),
@@ -176,5 +177,34 @@ impl Component for IbComponent {
 
     fn unpack_rkey(&self, entry: &RkeyEntry) -> Result<RemoteKey> {
         RcMd::unpack_rkey(NAME, entry)
+    }
+}
+
+/// The shortest UCT_RC_PEER_TIMEOUT taken: below it (0 included) every
+/// endpoint would be declared dead at its first look at the clock.
+pub const MIN_PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// UCT_RC_PEER_TIMEOUT as set, raised to [`MIN_PEER_TIMEOUT`] with a
+/// warning.
+fn peer_timeout(set: std::time::Duration) -> std::time::Duration {
+    if set < MIN_PEER_TIMEOUT {
+        log::warn!(
+            "rc: UCT_RC_PEER_TIMEOUT={set:?} would declare every peer dead at once; using {MIN_PEER_TIMEOUT:?} (set it to 100ms or more)"
+        );
+        return MIN_PEER_TIMEOUT;
+    }
+    set
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_zero_peer_timeout_is_raised_to_the_floor() {
+        assert_eq!(peer_timeout(Duration::ZERO), MIN_PEER_TIMEOUT);
+        assert_eq!(peer_timeout(Duration::from_millis(99)), MIN_PEER_TIMEOUT);
+        assert_eq!(peer_timeout(Duration::from_secs(3)), Duration::from_secs(3));
     }
 }

@@ -15,7 +15,7 @@ use crate::tx::{WcOpcode, WcStatus};
 pub struct Cq {
     ptr: NonNull<ibv_cq>,
     /// The CQ's device: open while the CQ exists.
-    _ctx: Arc<Context>,
+    ctx: Arc<Context>,
 }
 
 // SAFETY: a CQ is not tied to the thread that created it; any thread may
@@ -44,10 +44,15 @@ impl Cq {
         match NonNull::new(ptr) {
             Some(ptr) => Ok(Arc::new(Cq {
                 ptr,
-                _ctx: ctx.clone(),
+                ctx: ctx.clone(),
             })),
             None => Err(VerbsError::last(format!("ibv_create_cq({entries})")).on(ctx.name())),
         }
+    }
+
+    /// The device context the CQ was created on.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
     }
 
     /// The raw CQ, valid while this `Cq` lives.
@@ -156,7 +161,9 @@ unsafe impl Send for Qp {}
 unsafe impl Sync for Qp {}
 
 impl Qp {
-    /// Creates an RC QP on `cq` and takes it to INIT on `port`.
+    /// Creates an RC QP on `cq` and takes it to INIT on `port`. The PD and
+    /// the CQ must be of the same open context (the same `Arc<Context>`),
+    /// or it is refused (EINVAL, naming both).
     pub fn new(
         pd: &Arc<Pd>,
         cq: &Arc<Cq>,
@@ -166,6 +173,16 @@ impl Qp {
         max_sge: u32,
     ) -> Result<Qp, VerbsError> {
         let device = pd.context().name().to_string();
+        if !Arc::ptr_eq(pd.context(), cq.context()) {
+            return Err(VerbsError::new(
+                format!(
+                    "ibv_create_qp (RC): the PD is of one open context of {device} and the CQ of another (of {}); create the PD and the CQ from the same Context",
+                    cq.context().name()
+                ),
+                libc::EINVAL,
+            )
+            .on(&device));
+        }
         // SAFETY: ibv_qp_init_attr is plain C data (pointers may be null):
         // all zeroes is valid, filled in below.
         let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
@@ -179,7 +196,7 @@ impl Qp {
         init.cap.max_recv_sge = 1;
         init.cap.max_inline_data = 64;
         // SAFETY: the PD and CQ are live (the Arcs keep them so) and belong
-        // to the same context; `init` is filled in.
+        // to the same context (checked above); `init` is filled in.
         let ptr = unsafe { ibv_create_qp(pd.as_ptr(), &mut init) };
         let ptr =
             NonNull::new(ptr).ok_or_else(|| VerbsError::last("ibv_create_qp (RC)").on(&device))?;

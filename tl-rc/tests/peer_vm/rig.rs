@@ -275,11 +275,11 @@ pub fn child_main(len: usize) -> ! {
 /// protection domain, connected to one of our endpoints, serving a region
 /// of the pattern, and sending whatever it likes.
 pub struct Hostile {
-    pub region: MemHandle,
-    pub rkey: RemoteKey,
     // Field order: the QP goes before its CQ and the region it serves.
     qp: Qp,
     _cq: Arc<Cq>,
+    pub region: MemHandle,
+    pub rkey: RemoteKey,
 }
 
 impl Hostile {
@@ -321,10 +321,10 @@ impl Hostile {
         let theirs = EpAddress { qpn: qp.qpn(), psn }.encode();
         ep.connect_to_ep(&rc.iface.device_address(), &theirs)?;
         Ok(Hostile {
-            region,
-            rkey,
             qp,
             _cq: cq,
+            region,
+            rkey,
         })
     }
 
