@@ -20,7 +20,7 @@ pub const PEER_TIMEOUT_VAR: ConfigVar = ConfigVar {
     name: "UCT_CMA_PEER_TIMEOUT",
     default: "10s",
     kind: ConfigKind::Duration,
-    doc: "How long deregistering a cma region waits for a peer's transfer into it that started before (a peer killed or stopped inside one). Past it the region's record is retired for good and memory the cma MD allocated is never freed; memory registered by address is handed back with an error in the log. A dead peer itself is found from its process within milliseconds, not by this timeout.",
+    doc: "How long deregistering a cma region waits for a live peer's transfer into it that started before (a peer stopped inside one, or one that holds its busy counter). Past it the region's record is retired, and memory the cma MD allocated kept, until no live peer counts it; memory registered by address is handed back with an error in the log; that peer is not waited for again. The counts of a peer process that is gone are dropped at once (found through its pid), never waited for.",
 };
 
 /// cma's variables.

@@ -1,8 +1,6 @@
 //! The cma endpoint: reads the owner's registration record, checks it, then
 //! moves the data with one process_vm_* call (more if partial).
 
-use std::sync::Arc;
-
 use uct_core::memory::check_host_iov;
 use uct_core::{
     Access, AtomicValue, Completion, CompletionData, Endpoint, FetchOp, Iov, RemoteKey, Result,
@@ -57,7 +55,7 @@ impl CmaEp {
             Some(table) => table,
             None => {
                 let table = PeerTable::open(&key.table, key.pid, key.soft.region_id)?;
-                let _ = key.mapping.set(Arc::new(table));
+                let _ = key.mapping.set(table);
                 key.mapping.get().ok_or(UctError::NoSuchRegion {
                     region_id: key.soft.region_id,
                 })?

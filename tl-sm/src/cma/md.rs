@@ -60,22 +60,21 @@ impl MemBacking for CmaBacking {
 impl Drop for CmaBacking {
     fn drop(&mut self) {
         // Peers check the record before every access: mark it dead and wait
-        // for the accesses in flight before the memory goes.
-        let drained = self
-            .slot
-            .as_mut()
-            .is_none_or(|slot| slot.retire(super::component::peer_timeout()));
-        match self.alloc.take() {
-            Some(mem) if !drained => {
-                // A peer may still write it: never free it.
-                log::error!(
-                    "cma: keeping {} bytes at {:#x} allocated for good, since a peer may still write them",
-                    self.key.len,
-                    self.key.base
-                );
-                std::mem::forget(mem);
-            }
-            mem => drop(mem),
+        // for the accesses in flight before the memory goes. Memory the MD
+        // allocated that a peer may still write is parked with the retired
+        // record, and freed once no live peer counts it.
+        let alloc = self.alloc.take();
+        let Some(slot) = self.slot.as_mut() else {
+            drop(alloc);
+            return;
+        };
+        let parked = alloc.map(|mem| Box::new(mem) as Box<dyn Send>);
+        if !slot.retire_with(super::component::peer_timeout(), parked) {
+            log::error!(
+                "cma: {} bytes at {:#x} stay out of use while a peer may still write them",
+                self.key.len,
+                self.key.base
+            );
         }
     }
 }

@@ -46,6 +46,19 @@ fn exited(pidfd: &OwnedFd) -> bool {
     n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
 }
 
+/// Whether process `pid` is gone for sure: no process has the pid, or the
+/// one that has it has exited. `false` may be a recycled pid's process.
+pub(crate) fn is_gone(pid: u32) -> bool {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return true;
+    }
+    match pidfd_open(pid) {
+        Err(_) => true,
+        Ok(Some(fd)) => exited(&fd),
+        Ok(None) => !host::pid_alive(pid),
+    }
+}
+
 /// An endpoint's peer process, held by a pidfd opened when the endpoint
 /// was made. Without pidfds (Linux before 5.3) it asks signal 0 on the pid,
 /// which cannot tell a recycled pid.

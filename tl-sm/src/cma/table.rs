@@ -1,6 +1,7 @@
 //! The memory of a cma record table: one sealed memfd per process, a
-//! header page, the records (which only the owner writes) and the busy
-//! counters (which peers write, see [`records`](super::records)).
+//! header page (the magic, and which process holds each counter area), the
+//! records (which only the owner writes) and one area of busy counters per
+//! peer process (which that peer writes, see [`records`](super::records)).
 //!
 //! A peer maps a table through `/proc/<pid>/fd/<fd>` of the process it is
 //! connected to, and accepts it only when it is a regular file of exactly
@@ -9,37 +10,56 @@
 //! the size is for good) mean the owner cannot cut pages from under our
 //! mapping (which would be SIGBUS on our next record check). The peer's
 //! descriptor is resolved with `O_PATH` and reopened only once it is known
-//! to be a regular file. The records
-//! are mapped read-only on the peer side, so no bug of a peer can rewrite
-//! them; only the counters are writable.
+//! to be a regular file. The records are mapped read-only on the peer
+//! side, so no bug of a peer can rewrite them; only the header (to claim an
+//! area) and the peer's own counter area are writable.
+//!
+//! The counter areas are most of the file, but sparse: a page of them takes
+//! memory only once a peer counts an access to one of its records (or the
+//! owner reads one at a deregistration); a released area is punched out.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use uct_core::UctError;
 
 use super::records::{Record, CAPACITY};
 
-/// The header page: only the magic, so that a peer refuses a file that is
-/// not a table. Page-sized, so that the records are page-aligned.
+/// The header page: the magic, so that a peer refuses a file that is not a
+/// table, then the claims, one u32 per counter area: 0 when free, else the
+/// pid of the peer process that counts in it ([`RECLAIMING`] while an area
+/// is being cleared). Page-sized, so that the records are page-aligned.
 const HEADER: usize = 4096;
-const MAGIC: u64 = u64::from_le_bytes(*b"UCTCMAT2");
+const MAGIC: u64 = u64::from_le_bytes(*b"UCTCMAT3");
+/// Where the claims begin in the header.
+const CLAIMS: usize = 64;
+/// Counter areas, one per peer process mapping the table at a time: a
+/// peer past them is refused until one is released or its holder exits.
+pub(crate) const PEERS: usize = 512;
+/// The claim of an area being cleared (no pid is this large).
+pub(crate) const RECLAIMING: u32 = u32::MAX;
 const PAGE: usize = 4096;
 /// Bytes of the records: [`CAPACITY`] of them, a whole number of pages so
 /// that the counters after them can be mapped writable on their own.
 pub(crate) const RECORDS_BYTES: usize =
     (CAPACITY as usize * std::mem::size_of::<Record>()).next_multiple_of(PAGE);
-/// Bytes of the busy counters: one u64 per record.
-pub(crate) const BUSY_BYTES: usize = (CAPACITY as usize * 8).next_multiple_of(PAGE);
+/// Bytes of one peer's counter area: one u32 per record, whole pages.
+pub(crate) const AREA_BYTES: usize = (CAPACITY as usize * 4).next_multiple_of(PAGE);
 /// The size of every table, owner's and peers'.
-pub const SIZE: usize = HEADER + RECORDS_BYTES + BUSY_BYTES;
+pub const SIZE: usize = HEADER + RECORDS_BYTES + PEERS * AREA_BYTES;
 
-/// A mapping of a whole table: [`SIZE`] bytes at `ptr`.
+const _: () = assert!(CLAIMS + PEERS * 4 <= HEADER);
+
+/// A mapping of a whole table: [`SIZE`] bytes at `ptr`, and its file.
 #[derive(Debug)]
 pub(crate) struct TableMemory {
     ptr: NonNull<u8>,
+    /// The memfd, open read-write: areas are cleared through it.
+    fd: OwnedFd,
+    /// The file's device and inode: the same table mapped twice.
+    id: (u64, u64),
 }
 
 // SAFETY: a TableMemory owns its mmap region (unmapped once, in Drop) and
@@ -116,7 +136,8 @@ pub(crate) fn check_path(path: &str, pid: u32) -> Result<(), UctError> {
 
 impl TableMemory {
     /// Maps all of `fd` shared with `prot`.
-    fn map(fd: &OwnedFd, prot: libc::c_int, what: &str) -> Result<TableMemory, UctError> {
+    fn map(fd: OwnedFd, prot: libc::c_int, what: &str) -> Result<TableMemory, UctError> {
+        let stat = fstat(&fd).map_err(|e| UctError::io(what, e))?;
         // SAFETY: mapping a descriptor open for the call; the kernel picks a
         // fresh address, so no existing memory is replaced.
         let addr = unsafe {
@@ -133,7 +154,11 @@ impl TableMemory {
             return Err(os_err(what));
         }
         let ptr = NonNull::new(addr as *mut u8).ok_or_else(|| os_err(what))?;
-        Ok(TableMemory { ptr })
+        Ok(TableMemory {
+            ptr,
+            fd,
+            id: (stat.st_dev, stat.st_ino),
+        })
     }
 
     fn magic(&self) -> &AtomicU64 {
@@ -145,9 +170,9 @@ impl TableMemory {
 
     /// This process's table: a memfd of [`SIZE`] bytes, mapped read-write,
     /// sealed against resizing before any peer can see it. Returns the
-    /// mapping, the descriptor (which keeps `/proc/<pid>/fd/<fd>` open for
-    /// peers) and that path.
-    pub(crate) fn create() -> Result<(TableMemory, OwnedFd, String), UctError> {
+    /// mapping (whose descriptor keeps `/proc/<pid>/fd/<fd>` open for peers)
+    /// and that path.
+    pub(crate) fn create() -> Result<(TableMemory, String), UctError> {
         let label = CString::new("uct-cma-records").map_err(|_| os_err("memfd label"))?;
         // SAFETY: a valid nul-terminated label; memfd_create returns a new
         // descriptor or -1 with errno set.
@@ -172,14 +197,14 @@ impl TableMemory {
             libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
         )
         .map_err(|e| UctError::io("cma: sealing the record table", e))?;
+        let path = format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd());
         let mem = TableMemory::map(
-            &fd,
+            fd,
             libc::PROT_READ | libc::PROT_WRITE,
             "cma: map the record table",
         )?;
         mem.magic().store(MAGIC, Ordering::Release);
-        let path = format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd());
-        Ok((mem, fd, path))
+        Ok((mem, path))
     }
 
     /// Maps the table of process `pid` at `path`, after checking that the
@@ -235,20 +260,14 @@ impl TableMemory {
         if !is_table_sized(&fd).map_err(|e| UctError::io(format!("cma: stat {path}"), e))? {
             return Err(not_sized());
         }
-        let mem = TableMemory::map(&fd, libc::PROT_READ, "cma: map a peer's record table")?;
-        // SAFETY: the counters are the last BUSY_BYTES of the SIZE-byte
-        // mapping, page-aligned; making them writable changes no Rust
-        // reference (they are used through atomics only).
-        let rw = unsafe {
-            libc::mprotect(
-                mem.busy_ptr() as *mut libc::c_void,
-                BUSY_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-            )
-        };
-        if rw != 0 {
-            return Err(os_err("cma: make a peer's busy counters writable"));
-        }
+        let mem = TableMemory::map(fd, libc::PROT_READ, "cma: map a peer's record table")?;
+        // SAFETY: the header is the first page of the mapping; making it
+        // writable changes no Rust reference (the claims are atomics).
+        mem.protect(
+            mem.ptr.as_ptr(),
+            HEADER,
+            "cma: make a peer's table header writable",
+        )?;
         if mem.magic().load(Ordering::Acquire) != MAGIC {
             return Err(not_table("no table magic"));
         }
@@ -261,11 +280,81 @@ impl TableMemory {
         unsafe { self.ptr.as_ptr().add(HEADER) }
     }
 
-    /// The first busy counter; [`BUSY_BYTES`] of them follow.
-    pub(crate) fn busy_ptr(&self) -> *const u8 {
-        // SAFETY: HEADER + RECORDS_BYTES < SIZE, so the result is inside the
+    /// The claims of the [`PEERS`] counter areas.
+    pub(crate) fn claims(&self) -> &[AtomicU32; PEERS] {
+        // SAFETY: CLAIMS + 4 * PEERS <= HEADER (checked at compile time),
+        // inside the mapping, 4-aligned; atomics only, so other processes
+        // writing them is no data race; the borrow is tied to self, which
+        // keeps the mapping.
+        unsafe { &*(self.ptr.as_ptr().add(CLAIMS) as *const [AtomicU32; PEERS]) }
+    }
+
+    /// The first counter of area `area` (< [`PEERS`]); [`AREA_BYTES`] of
+    /// them follow.
+    pub(crate) fn area_ptr(&self, area: usize) -> *mut u8 {
+        assert!(area < PEERS, "counter area {area} of {PEERS}");
+        // SAFETY: area < PEERS, so the area lies inside the SIZE-byte
         // mapping.
-        unsafe { self.ptr.as_ptr().add(HEADER + RECORDS_BYTES) }
+        unsafe {
+            self.ptr
+                .as_ptr()
+                .add(HEADER + RECORDS_BYTES + area * AREA_BYTES)
+        }
+    }
+
+    /// Makes `len` bytes at `at`, page-aligned inside the mapping, readable
+    /// and writable.
+    fn protect(&self, at: *mut u8, len: usize, what: &str) -> Result<(), UctError> {
+        // SAFETY: `at..at + len` lies inside the mapping (the callers'
+        // offsets are constants inside SIZE); making it writable changes no
+        // Rust reference (the table is used through atomics only).
+        let rw = unsafe {
+            libc::mprotect(
+                at as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        };
+        if rw != 0 {
+            return Err(os_err(what));
+        }
+        Ok(())
+    }
+
+    /// Makes counter area `area` writable in this mapping: the peer's own.
+    pub(crate) fn make_area_writable(&self, area: usize) -> Result<(), UctError> {
+        self.protect(
+            self.area_ptr(area),
+            AREA_BYTES,
+            "cma: make our counter area in a peer's table writable",
+        )
+    }
+
+    /// Zeroes counter area `area` (and gives its pages back): punched out
+    /// of the file, so every mapping of it reads zeros from then on.
+    pub(crate) fn clear_area(&self, area: usize) -> Result<(), UctError> {
+        assert!(area < PEERS, "counter area {area} of {PEERS}");
+        let offset = HEADER + RECORDS_BYTES + area * AREA_BYTES;
+        // SAFETY: fallocate on a descriptor open for the call touches no
+        // memory of this process (the kernel unmaps the punched pages from
+        // every mapping, ours included; they read as zeros after).
+        let r = unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                AREA_BYTES as libc::off_t,
+            )
+        };
+        if r != 0 {
+            return Err(os_err("cma: clear a counter area of a record table"));
+        }
+        Ok(())
+    }
+
+    /// The table file's device and inode.
+    pub(crate) fn id(&self) -> (u64, u64) {
+        self.id
     }
 }
 

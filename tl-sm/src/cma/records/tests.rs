@@ -3,7 +3,7 @@
 //! take a lock, so that each sees only its own registrations (and the one
 //! that fills the table fills it alone).
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -22,8 +22,24 @@ pub(crate) fn serial() -> MutexGuard<'static, ()> {
 }
 
 /// Our own table, as a peer maps it.
-fn peer_view(slot: &Slot) -> PeerTable {
+fn peer_view(slot: &Slot) -> Arc<PeerTable> {
     PeerTable::open(&slot.table, std::process::id(), REGION).unwrap()
+}
+
+/// Forgets the peers found stuck (this process's own area, in these
+/// tests), so that the next test waits for its accesses again.
+fn unstick() {
+    let mut guard = super::table().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(own) = guard.as_mut() {
+        own.stuck.clear();
+    }
+}
+
+/// Our count of accesses to record `index` in `table`.
+fn count(table: &PeerTable, index: u32) -> u32 {
+    counter_at(&table.mem, table.area, index)
+        .unwrap()
+        .load(Ordering::SeqCst)
 }
 
 /// `check` of `[addr, +len)` needing `needed`.
@@ -85,7 +101,7 @@ fn a_published_region_is_checked_by_peers() {
         );
     }
     // Every refusal left the busy counter as it found it.
-    assert_eq!(slot.busy.load(Ordering::SeqCst), 0);
+    assert_eq!(count(&table, slot.index), 0);
 }
 
 #[test]
@@ -230,7 +246,7 @@ fn deregistration_waits_for_an_access_in_flight() {
         done_rx.try_recv().is_err(),
         "deregistration returned with an access in flight"
     );
-    let index = table_index_of(&owner);
+    let index = table_index_of(&owner, &table);
     assert_eq!(
         table.check(index, REGION, 8, BASE, 8, Access::REMOTE_WRITE),
         Err(UctError::NoSuchRegion { region_id: REGION })
@@ -246,19 +262,19 @@ fn deregistration_waits_for_an_access_in_flight() {
 
 /// The index of the slot the owner thread holds (published first by the
 /// serial tests, so found by the state of the records).
-fn table_index_of(_owner: &std::thread::JoinHandle<Slot>) -> u32 {
-    let guard = table().lock().unwrap_or_else(|e| e.into_inner());
+fn table_index_of(_owner: &std::thread::JoinHandle<Slot>, table: &PeerTable) -> u32 {
+    let guard = super::table().lock().unwrap_or_else(|e| e.into_inner());
     let own = guard.as_ref().unwrap();
     (0..own.next)
         .find(|&i| {
-            let (record, busy) = slot_at(own.mem, i).unwrap();
-            record.state.load(Ordering::SeqCst) == DEAD && busy.load(Ordering::SeqCst) == 1
+            let record = record_at(own.mem, i).unwrap();
+            record.state.load(Ordering::SeqCst) == DEAD && count(table, i) == 1
         })
         .expect("the dead record with one access in flight")
 }
 
 #[test]
-fn a_record_held_past_the_timeout_is_retired_for_good() {
+fn a_record_held_past_the_timeout_is_retired_until_let_go() {
     let _serial = serial();
     let mut slot = publish(9, BASE, LEN, Access::all()).unwrap();
     let index = slot.index;
@@ -266,14 +282,99 @@ fn a_record_held_past_the_timeout_is_retired_for_good() {
     let stuck = table
         .access(index, REGION, 9, BASE, 8, Access::REMOTE_READ)
         .unwrap();
-    assert!(!slot.retire(Duration::from_millis(50)));
+    let (freed_tx, freed_rx) = mpsc::channel::<()>();
+    /// Says when it is dropped: the parked memory, freed.
+    struct Memory(mpsc::Sender<()>);
+    impl Drop for Memory {
+        fn drop(&mut self) {
+            let _ = self.0.send(());
+        }
+    }
+    let parked: Box<dyn Send> = Box::new(Memory(freed_tx));
+    assert!(!slot.retire_with(Duration::from_millis(50), Some(parked)));
+    unstick();
     drop(slot);
-    drop(stuck);
-    // Never handed out again.
+    // Not handed out while our access holds it, the memory kept.
     let later: Vec<Slot> = (0..4)
         .map(|_| publish(10, BASE, LEN, Access::all()).unwrap())
         .collect();
     assert!(later.iter().all(|s| s.index != index));
+    assert!(freed_rx.try_recv().is_err(), "the parked memory was freed");
+    drop(stuck);
+    // Let go: a later registration finds it free again, and frees the
+    // memory.
+    let again: Vec<Slot> = (0..REVISIT + 4)
+        .map(|_| publish(10, BASE, LEN, Access::all()).unwrap())
+        .collect();
+    assert!(again.iter().any(|s| s.index == index));
+    assert!(
+        freed_rx.try_recv().is_ok(),
+        "the parked memory was not freed"
+    );
+}
+
+/// Issue 12 review, finding 2: a count held in the area of a process that
+/// is gone is discarded at once (its transfers are over), and the area
+/// cleared and free again.
+#[test]
+fn a_count_of_a_gone_process_is_not_waited_for() {
+    let _serial = serial();
+    let mut slot = publish(13, BASE, LEN, Access::all()).unwrap();
+    let _ours = peer_view(&slot);
+    // A pid no process has (above the kernel's pid_max).
+    let gone = 1 << 30;
+    let claims = slot.mem.claims();
+    let area = (0..PEERS)
+        .find(|&a| {
+            claims[a]
+                .compare_exchange(0, gone, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        })
+        .expect("a free area");
+    counter_at(slot.mem, area, slot.index)
+        .unwrap()
+        .store(7, Ordering::SeqCst);
+    let start = std::time::Instant::now();
+    assert!(slot.retire(Duration::from_secs(10)));
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(claims[area].load(Ordering::SeqCst), 0);
+    assert_eq!(
+        counter_at(slot.mem, area, slot.index)
+            .unwrap()
+            .load(Ordering::SeqCst),
+        0
+    );
+}
+
+/// A live peer that holds counts past the timeout is waited for once: a
+/// later deregistration that only it holds retires its record at once.
+#[test]
+fn a_stuck_peer_is_waited_for_once() {
+    let _serial = serial();
+    let mut first = publish(14, BASE, LEN, Access::all()).unwrap();
+    let mut second = publish(15, BASE, LEN, Access::all()).unwrap();
+    let table = peer_view(&first);
+    let held = [
+        table
+            .access(first.index, REGION, 14, BASE, 8, Access::REMOTE_READ)
+            .unwrap(),
+        table
+            .access(second.index, REGION, 15, BASE, 8, Access::REMOTE_READ)
+            .unwrap(),
+    ];
+    let start = std::time::Instant::now();
+    assert!(!first.retire(Duration::from_millis(200)));
+    assert!(start.elapsed() >= Duration::from_millis(200));
+    let start = std::time::Instant::now();
+    assert!(!second.retire(Duration::from_secs(10)));
+    let took = start.elapsed();
+    unstick();
+    drop(held);
+    assert!(took < Duration::from_secs(1), "{took:?}");
 }
 
 /// The permissions of the mapping that holds `addr`, from /proc/self/maps.
@@ -299,5 +400,9 @@ fn a_peer_maps_the_records_read_only_and_the_counters_writable() {
     let slot = publish(12, BASE, LEN, Access::all()).unwrap();
     let table = peer_view(&slot);
     assert_eq!(perms_at(table.mem.records_ptr()), "r--s");
-    assert_eq!(perms_at(table.mem.busy_ptr()), "rw-s");
+    assert_eq!(perms_at(table.mem.area_ptr(table.area)), "rw-s");
+    assert_eq!(perms_at(table.mem.claims().as_ptr().cast()), "rw-s");
+    // Another peer's area is read-only to us.
+    let other = (table.area + 1) % PEERS;
+    assert_eq!(perms_at(table.mem.area_ptr(other)), "r--s");
 }

@@ -55,7 +55,8 @@ fn refused(path: &str) -> String {
 
 #[test]
 fn the_owners_table_opens_and_cannot_be_resized() {
-    let (_mem, fd, path) = TableMemory::create().unwrap();
+    let (mem, path) = TableMemory::create().unwrap();
+    let fd = &mem.fd;
     assert!(TableMemory::open(&path, me(), REGION).is_ok());
     for size in [0, SIZE - PAGE, SIZE + PAGE] {
         // SAFETY: resizing our own memfd, which the seals forbid.
