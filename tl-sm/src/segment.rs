@@ -13,8 +13,17 @@
 //! against new writable mappings (`F_SEAL_FUTURE_WRITE`, after the owner's
 //! own mapping), and peers map it `PROT_READ`: no peer can write it, or
 //! rewrite its header, whatever it does.
+//!
+//! What a peer names is checked before it costs us anything: its descriptor
+//! is opened `O_PATH` and must be a regular file before it is opened for
+//! reading or writing, and only what its header claims is mapped, at most
+//! [`MAX_PEER_DATA`] bytes. A header whose base is not page-aligned is
+//! refused, so an aligned owner's address is aligned in our mapping too.
 
 use std::ffi::CString;
+
+pub use peer::file_id;
+use peer::PeerFile;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +32,10 @@ use uct_core::{Access, UctError};
 
 /// Bytes before the data: one page, so the data is page-aligned.
 pub const HEADER_SPACE: usize = 4096;
+/// The most data of a peer's segment this process maps: what the posix MD
+/// allocates at most. A header that claims more is refused, so that a
+/// peer's sparse segment cannot take our address space.
+pub const MAX_PEER_DATA: usize = 1 << 40;
 const MAGIC: u64 = u64::from_le_bytes(*b"UCTSEG01");
 const LIVE: u64 = 1;
 const DEAD: u64 = 2;
@@ -134,20 +147,6 @@ fn set_size(fd: BorrowedFd<'_>, size: usize) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// The size of the object behind `fd`, if it is a regular file.
-fn regular_size(fd: BorrowedFd<'_>) -> std::io::Result<Option<usize>> {
-    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fd is an open descriptor borrowed for the call; fstat writes
-    // one struct stat into `stat`, which has room for it.
-    if unsafe { libc::fstat(fd.as_raw_fd(), stat.as_mut_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fstat succeeded, so it initialised the whole struct.
-    let stat = unsafe { stat.assume_init() };
-    let regular = stat.st_mode & libc::S_IFMT == libc::S_IFREG;
-    Ok(regular.then(|| usize::try_from(stat.st_size).unwrap_or(0)))
 }
 
 /// `fcntl(fd, cmd, arg)` for the seal commands.
@@ -262,6 +261,40 @@ impl Mapping {
         Ok((mapping, fd))
     }
 
+    /// `len` bytes of data (after a header, as in a segment) in private
+    /// anonymous memory: for memory no peer may reach, which therefore has
+    /// no descriptor any process could open through `/proc`.
+    pub fn anonymous(len: usize, secret: u64, access: Access) -> Result<Mapping, UctError> {
+        let size = HEADER_SPACE
+            .checked_add(len.max(1))
+            .ok_or_else(|| UctError::InvalidParam(format!("cannot allocate {len} bytes")))?;
+        // SAFETY: a fresh private anonymous mapping at an address the kernel
+        // picks; no existing memory is replaced.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(UctError::NoMemory(format!(
+                "posix: mapping {size} bytes of local memory failed: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let mapping = Mapping {
+            ptr: NonNull::new(addr as *mut u8).ok_or_else(|| os_err("posix: mmap"))?,
+            size,
+            writable: true,
+        };
+        mapping.init_header(secret, len, access);
+        Ok(mapping)
+    }
+
     fn init_header(&self, secret: u64, len: usize, access: Access) {
         let header = self.header();
         header.secret.store(secret, Ordering::Relaxed);
@@ -278,70 +311,75 @@ impl Mapping {
     /// Maps the segment that process `pid` keeps open as descriptor `fd`,
     /// as `peers` says (read-write or read-only), after checking that it is
     /// one: a memfd sealed against shrinking and growing, large enough for
-    /// the header, with the magic. A missing descriptor was closed by its
-    /// owner: [`UctError::NoSuchRegion`] with `region_id`.
+    /// the header, with the magic. Only as much as its header claims is
+    /// mapped, and never more than [`MAX_PEER_DATA`] bytes of data. A
+    /// missing descriptor was closed by its owner:
+    /// [`UctError::NoSuchRegion`] with `region_id`.
     pub fn open(pid: u32, fd: u32, region_id: u64, peers: Peers) -> Result<Mapping, UctError> {
-        let path = format!("/proc/{pid}/fd/{fd}");
-        let cpath = CString::new(path.as_str()).map_err(|_| UctError::BadRkey(path.clone()))?;
-        let mode = match peers {
-            Peers::ReadWrite => libc::O_RDWR,
-            Peers::ReadOnly => libc::O_RDONLY,
-        };
-        // SAFETY: a valid nul-terminated path; open returns a new descriptor
-        // or -1 with errno set. O_NONBLOCK: a descriptor that names a FIFO
-        // must not block us; O_NOCTTY: nor become our terminal.
-        let file = unsafe {
-            fd_from_call(libc::open(
-                cpath.as_ptr(),
-                mode | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK,
-            ))
+        let peer = PeerFile::open(pid, fd, region_id, peers)?;
+        // The header as a copy, before anything is mapped.
+        let word = |offset: usize| peer.read_u64(offset);
+        if word(std::mem::offset_of!(SegHeader, magic))? != MAGIC {
+            return Err(peer.not_a_segment("no uct segment magic".into()));
         }
-        .map_err(|e| match e.raw_os_error() {
-            // ENXIO: the number now names a socket, so the region's was closed.
-            Some(libc::ENOENT | libc::ESRCH | libc::ENXIO) => UctError::NoSuchRegion { region_id },
-            Some(libc::EACCES) | Some(libc::EPERM) => UctError::EndpointFailed(format!(
-                "not permitted to open {path} (ptrace rules: different user, or /proc/sys/kernel/yama/ptrace_scope > 1)"
-            )),
-            _ => UctError::io(format!("posix: open {path}"), e),
-        })?;
-        let not_a_segment = |why: String| {
-            UctError::BadRkey(format!(
-                "{path} is not a sealed uct segment: {why}; its owner is broken or hostile"
-            ))
-        };
-        // Sealed first, then sized: seals cannot be removed, so the size
-        // read after them is the size for good.
-        let seals = seal_op(file.as_fd(), libc::F_GET_SEALS, 0)
-            .map_err(|e| not_a_segment(format!("no seals ({e})")))?;
-        if seals & SIZE_SEALS != SIZE_SEALS {
-            return Err(not_a_segment(format!(
-                "seals {seals:#x} lack F_SEAL_SHRINK|F_SEAL_GROW, so its owner could shrink it under our mapping"
+        let len = word(std::mem::offset_of!(SegHeader, len))?;
+        if len > MAX_PEER_DATA as u64 {
+            return Err(peer.not_a_segment(format!(
+                "its header claims {len} bytes of data, more than the {MAX_PEER_DATA} a peer maps"
             )));
         }
-        let size = regular_size(file.as_fd())
-            .map_err(|e| UctError::io(format!("posix: stat {path}"), e))?
-            .ok_or_else(|| not_a_segment("not a regular file".into()))?;
-        if size < HEADER_SPACE {
-            return Err(not_a_segment(format!("{size} bytes, less than its header")));
-        }
-        if peers == Peers::ReadWrite
-            && seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0
-        {
-            return Err(UctError::AccessDenied {
-                needed: Access::REMOTE_WRITE,
-                granted: Access::REMOTE_READ,
-            });
-        }
-        let mapping = Mapping::map(
-            file.as_fd(),
+        // What the owner's create made of that length, or the whole object
+        // when its header claims more (then every access is refused).
+        let size = peer.size.min(HEADER_SPACE + (len as usize).max(1));
+        Mapping::map(
+            peer.file.as_fd(),
             size,
             peers == Peers::ReadWrite,
             "posix: map a peer's segment",
-        )?;
-        if mapping.header().magic.load(Ordering::Acquire) != MAGIC {
-            return Err(not_a_segment("no uct segment magic".into()));
+        )
+    }
+
+    /// Maps `HEADER_SPACE + bytes` of the segment that process `pid` keeps
+    /// open as descriptor `fd`, read-write, after checking that it is the
+    /// object `file_id` names (see [`file_id`]), sealed against shrinking and
+    /// growing, and that large. Nothing in it is read: every process that
+    /// maps it read-write can write all of it.
+    pub fn open_shared(
+        pid: u32,
+        fd: u32,
+        bytes: usize,
+        expected: (u64, u64),
+    ) -> Result<Mapping, UctError> {
+        let peer = PeerFile::open(pid, fd, 0, Peers::ReadWrite)?;
+        if peer.id != expected {
+            return Err(peer.not_a_segment(format!(
+                "it is object {:?}, not the {expected:?} its owner named",
+                peer.id
+            )));
         }
-        Ok(mapping)
+        let size = HEADER_SPACE.saturating_add(bytes);
+        if peer.size < size {
+            return Err(peer.not_a_segment(format!(
+                "{} bytes, less than the {size} it must hold",
+                peer.size
+            )));
+        }
+        Mapping::map(
+            peer.file.as_fd(),
+            size,
+            true,
+            "posix: map a peer's shared segment",
+        )
+    }
+
+    /// Bytes this mapping maps, header included (address space it costs).
+    pub fn mapped_bytes(&self) -> usize {
+        self.size
+    }
+
+    /// The process that created the segment, as its header says.
+    pub fn owner_pid(&self) -> u64 {
+        self.header().owner_pid.load(Ordering::Relaxed)
     }
 
     /// Bytes of data after the header in this mapping (what the segment
@@ -405,11 +443,15 @@ impl Mapping {
     pub fn view(&self, secret: u64) -> View {
         let header = self.header();
         let len = header.len.load(Ordering::Relaxed);
+        let base = header.base.load(Ordering::Relaxed);
         View {
-            base: header.base.load(Ordering::Relaxed),
+            base,
             len,
             granted: self.granted().bits(),
+            // A base off its page would put the owner's aligned addresses
+            // at misaligned places in our mapping.
             valid: header.secret.load(Ordering::Relaxed) == secret
+                && base.is_multiple_of(HEADER_SPACE as u64)
                 && (HEADER_SPACE as u64).saturating_add(len) <= self.size as u64,
         }
     }
@@ -445,6 +487,34 @@ impl Mapping {
         Ok(unsafe { self.data_ptr().add((addr - view.base) as usize) })
     }
 
+    /// [`check_view`](Self::check_view) for an atomic of `width` bytes at
+    /// the owner's address `addr`: `addr` must be aligned to `width`, and so
+    /// must the place it has in this mapping, whatever the header's base
+    /// says, before any atomic touches it.
+    #[inline]
+    pub fn check_atomic(
+        &self,
+        view: &View,
+        region_id: u64,
+        secret: u64,
+        addr: u64,
+        width: usize,
+    ) -> Result<*mut u8, UctError> {
+        uct_core::atomic_ops::check_aligned(addr, width)?;
+        let word = self.check_view(
+            view,
+            region_id,
+            secret,
+            addr,
+            width as u64,
+            Access::REMOTE_ATOMIC,
+        )?;
+        if !(word as usize).is_multiple_of(width) {
+            return Err(misplaced(view.base));
+        }
+        Ok(word)
+    }
+
     /// Which check refused an access, as a named error (the slow path).
     #[cold]
     #[inline(never)]
@@ -464,6 +534,9 @@ impl Mapping {
             return UctError::BadSecret;
         }
         let base = header.base.load(Ordering::Relaxed);
+        if !base.is_multiple_of(HEADER_SPACE as u64) {
+            return misplaced(base);
+        }
         let region_len = header.len.load(Ordering::Relaxed);
         let granted = self.granted();
         if !granted.contains(needed) {
@@ -478,6 +551,16 @@ impl Mapping {
     }
 }
 
+/// The error for a header whose base is not page-aligned, as no owner of
+/// this library writes it.
+#[cold]
+fn misplaced(base: u64) -> UctError {
+    UctError::BadRkey(format!(
+        "the segment header's base {base:#x} is not page-aligned: its owner, or a peer that \
+         may write it, is broken or hostile; accesses through it are refused"
+    ))
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly the `size` bytes at `ptr` that `map`
@@ -486,5 +569,6 @@ impl Drop for Mapping {
     }
 }
 
+mod peer;
 #[cfg(test)]
 mod tests;

@@ -211,3 +211,42 @@ fn a_cosender_that_rewrites_the_ring_header_does_not_close_the_iface() {
     assert_eq!(late.am_short(2, 2, b"z").unwrap(), Status::Done);
     assert!(wait_for(iface.as_mut(), &got, 3, Duration::from_secs(5)));
 }
+
+#[test]
+fn a_closed_iface_is_still_reported_closed() {
+    let (_md, mut sender) = open_posix();
+    let (_md2, receiver) = open_posix();
+    let mut ep = sender
+        .create_ep(EpParams::ToIface {
+            device_addr: receiver.device_address(),
+            iface_addr: receiver.iface_address(),
+        })
+        .expect("endpoint");
+    ep.check().expect("the receiver is open");
+    drop(receiver);
+    std::thread::sleep(Duration::from_millis(10));
+    let e = ep.check().expect_err("the receiver was closed").to_string();
+    assert!(e.contains("was closed"), "{e}");
+}
+
+#[test]
+fn an_address_whose_ring_is_not_the_one_its_identity_names_is_refused() {
+    let (_md, mut iface) = open_posix();
+    let (_md2, other) = open_posix();
+    let mine = RingAddress::decode(&iface.iface_address()).unwrap();
+    let theirs = RingAddress::decode(&other.iface_address()).unwrap();
+    // Our identity page and secret, the other iface's ring.
+    let forged = RingAddress {
+        fd: theirs.fd,
+        ..mine
+    };
+    let got = iface.create_ep(EpParams::ToIface {
+        device_addr: iface.device_address(),
+        iface_addr: forged.encode(),
+    });
+    assert!(
+        matches!(got, Err(uct_core::UctError::Unreachable(ref why)) if why.contains("not the")),
+        "{:?}",
+        got.err()
+    );
+}

@@ -118,3 +118,29 @@ fn a_peer_cannot_write_a_read_only_region_through_a_mapping_of_its_own() {
         &now[..16]
     );
 }
+
+#[test]
+fn memory_without_remote_rights_is_no_segment_and_has_no_rkey() {
+    // Nothing a peer may reach is put where a process of the same user
+    // could open it (/proc/<pid>/fd/<n>).
+    let (md, _iface) = open_posix();
+    let mem = md
+        .alloc(
+            8192,
+            MemoryType::Host,
+            Access::LOCAL_READ | Access::LOCAL_WRITE,
+        )
+        .expect("alloc");
+    mem.write(0, &[7; 64]).unwrap();
+    let mut back = [0u8; 64];
+    mem.read(0, &mut back).unwrap();
+    assert_eq!(back, [7; 64]);
+    assert!(
+        object_at(mem.addr()).is_err(),
+        "local-only memory is held by a descriptor peers can open"
+    );
+    let e = md
+        .pack_rkey(&mem)
+        .expect_err("an rkey of local-only memory");
+    assert!(e.to_string().contains("no remote right"), "{e}");
+}

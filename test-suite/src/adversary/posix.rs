@@ -5,7 +5,9 @@
 //! (`posix/ftruncate`); corrupts the positions of its own ring, so that the
 //! victim's sends meet them, and publishes corrupt slots in the victim's
 //! ring (`posix/bad-indices`). A hostile peer opens the victim's read-only
-//! region with a writable mapping of its own (`posix/write-ro`).
+//! region with a writable mapping of its own (`posix/write-ro`), and claims
+//! a slot of the victim's ring that it never publishes, as a sender that
+//! died mid-message (`posix/dead-sender`).
 //!
 //! Segments are forged from the attacker's real ones (its iface's ring, a
 //! region of its posix MD), copied into memfds of its own, so that only the
@@ -17,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tl_sm::posix::fifo::{self, layout, SLOTS};
-use tl_sm::posix::{PosixRkey, RingAddress};
+use tl_sm::posix::{ident, PosixRkey, RingAddress};
 use tl_sm::segment::HEADER_SPACE;
 use uct_core::rkey::{decode_payload, encode_payload};
 use uct_core::{Access, Iface, MemHandle, MemoryType, RkeyBundle, RkeyEntry};
@@ -48,6 +50,11 @@ pub fn attacks() -> Vec<Attack> {
             name: "posix/bad-indices",
             transport: "posix",
             run: bad_indices,
+        },
+        Attack {
+            name: "posix/dead-sender",
+            transport: "posix",
+            run: dead_sender,
         },
     ]
 }
@@ -216,8 +223,12 @@ fn short_ring(t: &Target) -> Result<Outcome, String> {
     ];
     for (what, size, seals) in forged {
         let fd = forged_memfd(&header, size, seals)?;
+        // An identity page of the attacker's that names the forged ring, so
+        // that only the ring's size and seals are wrong.
+        let id = forged_identity(&own, &fd)?;
         let addr = RingAddress {
             fd: fd.as_raw_fd() as u32,
+            id_fd: id.as_raw_fd() as u32,
             secret: own.addr.secret,
         };
         let outcome = must_refuse(
@@ -230,6 +241,31 @@ fn short_ring(t: &Target) -> Result<Outcome, String> {
         ));
     }
     Ok(Outcome::Refused(refusals.join("; ")))
+}
+
+/// A copy of the attacker's own identity page that names `ring` as its
+/// ring, sealed as the library seals it.
+fn forged_identity(own: &Own, ring: &OwnedFd) -> Result<OwnedFd, String> {
+    let path = format!("/proc/self/fd/{}", own.addr.id_fd);
+    let mut page = std::fs::read(&path).map_err(|e| format!("read {path}: {e}"))?;
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes one struct stat into `st`.
+    if unsafe { libc::fstat(ring.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return Err(os_err("fstat the forged ring"));
+    }
+    // SAFETY: fstat succeeded and initialised it.
+    let st = unsafe { st.assume_init() };
+    for (offset, value) in [
+        (ident::layout::RING_DEV, st.st_dev),
+        (ident::layout::RING_INO, st.st_ino),
+    ] {
+        let at = HEADER_SPACE + offset;
+        page.get_mut(at..at + 8)
+            .ok_or("the identity page is short")?
+            .copy_from_slice(&value.to_ne_bytes());
+    }
+    let len = page.len();
+    forged_memfd(&page, len, SEALS | libc::F_SEAL_FUTURE_WRITE)
 }
 
 /// The seals the library puts on every segment.
@@ -453,49 +489,92 @@ fn bad_indices(t: &Target) -> Result<Outcome, String> {
     Ok(Outcome::Refused(refusals.join("; ")))
 }
 
-/// Claims two positions in the victim's ring as a producer would, publishes
-/// one with a length past the slot and one with an id past a byte, and
-/// waits for the victim to consume both; then the victim must still answer.
-fn corrupt_slots_in_victim(t: &Target) -> Result<String, String> {
+/// The victim's ring, mapped read-write as any sender maps it.
+fn victim_ring(t: &Target) -> Result<RawMap, String> {
     let addr = RingAddress::decode(&t.iface_addr).ok_or("the victim's iface address")?;
-    let ring = RawMap::open(t.pid, addr.fd, HEADER_SPACE + fifo::ring_bytes())?;
+    RawMap::open(t.pid, addr.fd, HEADER_SPACE + fifo::ring_bytes())
+}
+
+/// Claims the next position of `ring` as a producer would.
+fn claim(ring: &RawMap) -> Result<u64, String> {
     let at = |off: usize| ring.word(HEADER_SPACE + off);
-    let mut claimed = Vec::new();
-    for (len, id) in [(u64::MAX, 1u64), (8, 0x101)] {
-        let pos = loop {
-            let head = at(layout::HEAD).load(Ordering::Acquire);
-            if head.wrapping_sub(at(layout::TAIL).load(Ordering::Acquire)) >= SLOTS {
-                return Err("the victim's ring is full".into());
-            }
-            if at(layout::HEAD)
-                .compare_exchange(
-                    head,
-                    head.wrapping_add(1),
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-            {
-                break head;
-            }
-        };
-        let slot = (pos % SLOTS) as usize;
-        at(layout::slot_len(slot)).store(len, Ordering::Relaxed);
-        at(layout::slot_id(slot)).store(id, Ordering::Relaxed);
-        at(layout::slot_seq(slot)).store(pos.wrapping_add(1), Ordering::Release);
-        claimed.push(pos);
+    loop {
+        let head = at(layout::HEAD).load(Ordering::Acquire);
+        if head.wrapping_sub(at(layout::TAIL).load(Ordering::Acquire)) >= SLOTS {
+            return Err("the victim's ring is full".into());
+        }
+        if at(layout::HEAD)
+            .compare_exchange(
+                head,
+                head.wrapping_add(1),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            return Ok(head);
+        }
     }
-    let last = claimed[1];
+}
+
+/// Publishes position `pos` of `ring` with `len` and `id`.
+fn publish(ring: &RawMap, pos: u64, len: u64, id: u64) {
+    let at = |off: usize| ring.word(HEADER_SPACE + off);
+    let slot = (pos % SLOTS) as usize;
+    at(layout::slot_len(slot)).store(len, Ordering::Relaxed);
+    at(layout::slot_id(slot)).store(id, Ordering::Relaxed);
+    at(layout::slot_seq(slot)).store(pos.wrapping_add(1), Ordering::Release);
+}
+
+/// Waits for the victim's published tail to pass `last`.
+fn consumed(ring: &RawMap, last: u64, deadline: Duration) -> Result<Duration, String> {
     let start = Instant::now();
-    // The victim's published tail passes our slots once it consumed them.
-    while at(layout::TAIL).load(Ordering::Acquire).wrapping_sub(last) as i64 <= 0 {
-        if start.elapsed() > CONSUME_DEADLINE {
+    while ring
+        .word(HEADER_SPACE + layout::TAIL)
+        .load(Ordering::Acquire)
+        .wrapping_sub(last) as i64
+        <= 0
+    {
+        if start.elapsed() > deadline {
             return Err(format!(
-                "the victim did not consume the attacker's slots within {CONSUME_DEADLINE:?}"
+                "the victim did not consume the attacker's slots within {deadline:?}"
             ));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+    Ok(start.elapsed())
+}
+
+/// Claims a position in the victim's ring and never publishes it, as a
+/// sender that died mid-message leaves it, then publishes a message after
+/// it: the victim must consume both (skipping the dead one, within its
+/// bound of at most 1 s), and still answer.
+fn dead_sender(t: &Target) -> Result<Outcome, String> {
+    let ring = victim_ring(t)?;
+    let dead = claim(&ring)?;
+    let after = claim(&ring)?;
+    publish(&ring, after, 8, 1);
+    let took = consumed(&ring, after, CONSUME_DEADLINE)
+        .map_err(|e| format!("a slot claimed and never published: {e}"))?;
+    request(t, "ping").map_err(|e| {
+        format!("the victim stopped answering after skipping a dead sender's slot: {e}")
+    })?;
+    Ok(Outcome::Refused(format!(
+        "a slot claimed and never published (position {dead}): skipped after {took:?}, the message after it consumed, the victim answers"
+    )))
+}
+
+/// Claims two positions in the victim's ring as a producer would, publishes
+/// one with a length past the slot and one with an id past a byte, and
+/// waits for the victim to consume both; then the victim must still answer.
+fn corrupt_slots_in_victim(t: &Target) -> Result<String, String> {
+    let ring = victim_ring(t)?;
+    let mut last = 0;
+    for (len, id) in [(u64::MAX, 1u64), (8, 0x101)] {
+        last = claim(&ring)?;
+        publish(&ring, last, len, id);
+    }
+    consumed(&ring, last, CONSUME_DEADLINE)?;
     match request(t, "ping") {
         Ok(_) => Ok(format!(
             "slots of length {} and id {:#x} in the victim's ring: consumed, the victim answers",

@@ -6,16 +6,17 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use uct_core::atomic_ops::{check_aligned, fetch_at};
+use uct_core::atomic_ops::fetch_at;
 use uct_core::memory::check_host_iov;
 use uct_core::{
     Access, AtomicValue, Completion, CompletionData, Endpoint, FetchOp, Iov, RemoteKey, Result,
     Status, UctError,
 };
 
+use super::cache::SegmentCache;
 use super::fifo::{Push, Ring, SLOT_DATA};
 use super::health::Health;
-use super::iface::{SegmentCache, MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
+use super::iface::{MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
 use super::PosixRkey;
 use crate::segment::{Mapping, Peers, View};
 
@@ -30,6 +31,8 @@ const PROBE_EVERY_OPS: u32 = 256;
 /// health, and the iface's cache of mapped peer segments.
 pub(crate) struct PosixEp {
     ring: Ring,
+    /// The peer iface's identity page, read-only: whether it is open.
+    ident: Mapping,
     pid: u32,
     cache: SegmentCache,
     health: Arc<Health>,
@@ -46,6 +49,7 @@ pub(crate) struct PosixEp {
 impl PosixEp {
     pub(crate) fn new(
         ring: Ring,
+        ident: Mapping,
         pid: u32,
         cache: SegmentCache,
         health: Arc<Health>,
@@ -53,6 +57,7 @@ impl PosixEp {
     ) -> Self {
         PosixEp {
             ring,
+            ident,
             pid,
             cache,
             health,
@@ -85,7 +90,9 @@ impl PosixEp {
             return Ok(());
         }
         self.last_probe = at;
-        if self.ring.mapping().is_dead() {
+        // The identity page, which only the peer writes, not the ring's
+        // header, which every sender may.
+        if self.ident.is_dead() {
             return Err(self.health.fail(UctError::EndpointFailed(format!(
                 "the posix iface of process {} was closed",
                 self.pid
@@ -134,19 +141,9 @@ impl PosixEp {
         }
         let peers = Peers::for_access(key.soft.access);
         let id = (key.pid, key.fd, peers == Peers::ReadWrite);
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let mapping = match cache.get(&id) {
-            Some(mapping) if !mapping.is_dead() => mapping.clone(),
-            _ => {
-                // Not mapped yet, or freed by its owner: the descriptor is
-                // closed (NoSuchRegion) or now holds another segment (whose
-                // secret differs).
-                cache.remove(&id);
-                let mapping = Arc::new(Mapping::open(key.pid, key.fd, key.soft.region_id, peers)?);
-                cache.insert(id, mapping.clone());
-                mapping
-            }
-        };
+        let mapping = self.cache.get_or_open(id, || {
+            Mapping::open(key.pid, key.fd, key.soft.region_id, peers)
+        })?;
         let view = mapping.view(key.soft.secret);
         let _ = key.mapping.set((mapping, view));
         key.mapping.get().ok_or(UctError::NoSuchRegion {
@@ -210,8 +207,9 @@ impl PosixEp {
         Self::check_size("active message", total, SLOT_DATA)?;
         match self.ring.push(id, parts) {
             Ok(Push::Done) => Ok(Status::Done),
-            Ok(Push::Full) => {
+            Ok(Push::Full | Push::Contended) => {
                 // A full ring of a dead or stalled peer stays full: say so.
+                // (Contended: another sender keeps moving the ring's head.)
                 self.probe(false)?;
                 Ok(Status::NoResource)
             }
@@ -221,14 +219,14 @@ impl PosixEp {
     }
 
     fn atomic(&self, op: FetchOp, addr: u64, rkey: &RemoteKey) -> Result<u64> {
-        check_aligned(addr, op.width())?;
-        let word = self.target(rkey, addr, op.width(), Access::REMOTE_ATOMIC)?;
-        // SAFETY: `target` checked that the op.width() bytes at `word` lie
-        // in this endpoint's mapping, kept by `rkey` for this call. The
-        // segment's data is page-aligned in the owner's mapping and in this
-        // one, so `word` has the alignment of the owner's address `addr`,
-        // which check_aligned checked. A word granted REMOTE_ATOMIC is
-        // accessed only atomically.
+        let key = rkey.downcast::<PosixRkey>("posix")?;
+        let (mapping, view) = self.mapping(key)?;
+        let word =
+            mapping.check_atomic(view, key.soft.region_id, key.soft.secret, addr, op.width())?;
+        // SAFETY: `check_atomic` checked that the op.width() bytes at `word`
+        // lie in this endpoint's mapping, kept by `rkey` for this call, and
+        // that `word` itself is aligned to op.width(). A word granted
+        // REMOTE_ATOMIC is accessed only atomically.
         unsafe { fetch_at(word, op) }
     }
 }

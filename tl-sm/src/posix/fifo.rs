@@ -15,6 +15,7 @@ use std::cell::Cell;
 use std::mem::MaybeUninit;
 use std::ptr::addr_of_mut;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use uct_core::UctError;
 
@@ -28,6 +29,13 @@ const MAGIC: u64 = u64::from_le_bytes(*b"UCTFIFO1");
 /// Most slots one drain consumes: producers that publish as fast as the
 /// consumer drains must not hold one progress call for ever.
 const DRAIN_BUDGET: u64 = SLOTS;
+/// Empty drains between two looks at whether the slot at the tail is
+/// claimed but unpublished (a producer that died mid-message).
+const STUCK_CHECK_EVERY: u32 = 64;
+/// Failed compare-and-swaps on `head` before a push gives up for this call:
+/// honest producers let one of them win every round, so only a process
+/// that keeps rewriting `head` makes a push fail this often.
+const MAX_CLAIM_TRIES: u32 = 1024;
 
 /// `head` and `tail` live on cache lines of their own: producers write one,
 /// the consumer the other, and neither drags the other's line around.
@@ -69,12 +77,32 @@ pub fn ring_bytes() -> usize {
 /// [`ring_bytes`] bytes (checked when the ring is made).
 pub struct Ring {
     map: Mapping,
+    /// The process that owns (and drains) the ring: this one for the
+    /// consumer, the one the iface address named for a producer (never what
+    /// the shared header says).
+    pid: u32,
     /// Producer side: the last tail seen; the shared one is read again only
     /// when the ring looks full.
     seen_tail: Cell<u64>,
     /// Consumer side: the next position to read. The shared copy is only
     /// published for producers: any of them can rewrite it.
     tail: Cell<u64>,
+    /// Consumer side: how long a claimed slot may stay unpublished before
+    /// it is taken for the message of a producer that died.
+    stuck_after: Duration,
+    /// Consumer side: empty drains, to look for a stuck slot every
+    /// [`STUCK_CHECK_EVERY`].
+    idle: Cell<u32>,
+    /// Consumer side: the position at our tail found claimed but
+    /// unpublished, since when, and the head then.
+    stuck: Cell<Option<(u64, Instant, u64)>>,
+    /// Consumer side: unpublished slots before this position were claimed
+    /// [`stuck_after`](Self::stuck_after) ago or more; they are skipped.
+    skip_until: Cell<u64>,
+    /// Tests: every claim's compare-and-swap fails, as when another process
+    /// keeps rewriting `head`.
+    #[cfg(test)]
+    fail_claims: Cell<bool>,
 }
 
 /// What a push did.
@@ -83,6 +111,9 @@ pub enum Push {
     Done,
     /// Every slot is taken; try again after the consumer drained some.
     Full,
+    /// No claim succeeded in 1024 tries: another process
+    /// keeps moving `head`; try again later.
+    Contended,
 }
 
 /// The error for a mapping that holds no ring: too small for one (`Some`
@@ -114,6 +145,18 @@ fn corrupt_positions(pid: u32, head: u64, tail: u64) -> UctError {
     ))
 }
 
+/// Claimed slots that stayed unpublished for `after`: logged once for the
+/// lot, and skipped.
+#[cold]
+#[inline(never)]
+fn skip_stuck(pid: u32, from: u64, until: u64, after: Duration) {
+    log::error!(
+        "posix: ring positions {from}..{until} of process {pid} were claimed by a sender and \
+         not published for {after:?}; the sender died or stopped mid-message, so their \
+         messages are dropped and the ring moves on"
+    );
+}
+
 /// A published slot that no producer of this library writes: logged, and
 /// its message dropped.
 #[cold]
@@ -127,6 +170,21 @@ fn drop_corrupt(pos: u64, len: u64, id: u64) {
 }
 
 impl Ring {
+    fn new(map: Mapping, pid: u32) -> Ring {
+        Ring {
+            map,
+            pid,
+            seen_tail: Cell::new(0),
+            tail: Cell::new(0),
+            stuck_after: Duration::from_secs(1),
+            idle: Cell::new(0),
+            stuck: Cell::new(None),
+            skip_until: Cell::new(0),
+            #[cfg(test)]
+            fail_claims: Cell::new(false),
+        }
+    }
+
     /// Initialises a fresh ring in `map` (the owner's side).
     pub(crate) fn init(map: Mapping) -> Result<Ring, UctError> {
         if map.data_len() < ring_bytes() {
@@ -136,11 +194,7 @@ impl Ring {
                 map.data_len()
             )));
         }
-        let ring = Ring {
-            map,
-            seen_tail: Cell::new(0),
-            tail: Cell::new(0),
-        };
+        let ring = Ring::new(map, std::process::id());
         let header = ring.header();
         header
             .owner_pid
@@ -151,18 +205,14 @@ impl Ring {
         Ok(ring)
     }
 
-    /// Wraps a peer's mapped ring, checking that our mapping holds a whole
-    /// ring and that it is one. (The segment's seals, checked when it was
-    /// mapped, keep it that large.)
-    pub(crate) fn attach(map: Mapping) -> Result<Ring, UctError> {
+    /// Wraps the mapped ring of process `pid`, checking that our mapping
+    /// holds a whole ring and that it is one. (The segment's seals, checked
+    /// when it was mapped, keep it that large.)
+    pub(crate) fn attach(map: Mapping, pid: u32) -> Result<Ring, UctError> {
         if map.data_len() < ring_bytes() {
             return Err(not_a_ring(Some(map.data_len())));
         }
-        let ring = Ring {
-            map,
-            seen_tail: Cell::new(0),
-            tail: Cell::new(0),
-        };
+        let ring = Ring::new(map, pid);
         if ring.header().magic.load(Ordering::Acquire) != MAGIC {
             return Err(not_a_ring(None));
         }
@@ -175,6 +225,13 @@ impl Ring {
     /// The segment the ring lives in.
     pub fn mapping(&self) -> &Mapping {
         &self.map
+    }
+
+    /// Consumer side: how long a claimed slot may stay unpublished before
+    /// the consumer skips it as the message of a producer that died
+    /// (default 1 s).
+    pub(crate) fn set_stuck_after(&mut self, after: Duration) {
+        self.stuck_after = after;
     }
 
     fn header(&self) -> &RingHeader {
@@ -200,9 +257,10 @@ impl Ring {
         }
     }
 
-    /// The process that owns (and drains) the ring, as its header says.
+    /// The process that owns (and drains) the ring: this one, or the one
+    /// the iface address named.
     pub fn owner_pid(&self) -> u32 {
-        self.header().owner_pid.load(Ordering::Relaxed) as u32
+        self.pid
     }
 
     /// The next position producers claim, as shared memory says.
@@ -228,7 +286,12 @@ impl Ring {
             )));
         }
         let header = self.header();
+        let mut tries = 0;
         let pos = loop {
+            tries += 1;
+            if tries > MAX_CLAIM_TRIES {
+                return Ok(Push::Contended);
+            }
             let mut head = header.head.load(Ordering::Acquire);
             if head.wrapping_sub(self.seen_tail.get()) >= SLOTS {
                 // The ring looks full: read the tail, then head and tail
@@ -251,6 +314,10 @@ impl Ring {
                     // (other producers pushed meanwhile): claim below.
                     _ => {}
                 }
+            }
+            #[cfg(test)]
+            if self.fail_claims.get() {
+                continue;
             }
             if header
                 .head
@@ -298,13 +365,65 @@ impl Ring {
     /// The empty ring is the common case of a progress loop: it costs two
     /// loads here, inlined into the caller; only a published message takes
     /// the call into the delivery loop.
+    ///
+    /// A slot claimed but left unpublished for
+    /// [`set_stuck_after`](Self::set_stuck_after) (its producer died
+    /// mid-message) is skipped, so that the messages after it still arrive;
+    /// its producer's late publication, if any, names a position the ring
+    /// has passed and is ignored.
     #[inline]
     pub(crate) fn drain(&self, f: impl FnMut(u8, &[u8])) -> usize {
         if self.has_message() {
-            self.deliver(f)
+            return self.deliver(f);
+        }
+        let idle = self.idle.get().wrapping_add(1);
+        self.idle.set(idle);
+        if idle.is_multiple_of(STUCK_CHECK_EVERY) {
+            self.unstick(f)
         } else {
             0
         }
+    }
+
+    /// Looks at the unpublished slot at our tail: claimed (head is past
+    /// it), and for how long. Once that is [`stuck_after`](Self::stuck_after),
+    /// every position claimed when it was first seen and still unpublished
+    /// is skipped.
+    #[cold]
+    #[inline(never)]
+    fn unstick(&self, f: impl FnMut(u8, &[u8])) -> usize {
+        let pos = self.tail.get();
+        let head = self.shared_head();
+        // Head past our tail by at most a ring: claimed slots. Anything else
+        // is an empty ring, or positions no honest ring has (producers find
+        // those); either way nothing to skip.
+        if !ahead(pos, head).is_some_and(|claimed| (1..=SLOTS).contains(&claimed)) {
+            self.stuck.set(None);
+            return 0;
+        }
+        if self.has_message() {
+            return self.deliver(f);
+        }
+        match self.stuck.get() {
+            Some((at, since, until)) if at == pos => {
+                if since.elapsed() < self.stuck_after {
+                    return 0;
+                }
+                self.stuck.set(None);
+                self.skip_until.set(until);
+                skip_stuck(self.pid, pos, until, self.stuck_after);
+                self.deliver(f)
+            }
+            _ => {
+                self.stuck.set(Some((pos, Instant::now(), head)));
+                0
+            }
+        }
+    }
+
+    /// Whether position `pos` is before [`skip_until`](Self::skip_until).
+    fn skipping(&self, pos: u64) -> bool {
+        ahead(pos, self.skip_until.get()).is_some_and(|d| d > 0)
     }
 
     /// Whether the slot at our tail is published.
@@ -329,7 +448,15 @@ impl Ring {
             // SAFETY: `slot` is inside the mapping and aligned; seq is an
             // atomic.
             if unsafe { &(*slot).seq }.load(Ordering::Acquire) != pos.wrapping_add(1) {
-                break;
+                if !self.skipping(pos) {
+                    break;
+                }
+                // Claimed long ago and never published: skipped (logged by
+                // unstick).
+                let next = pos.wrapping_add(1);
+                self.tail.set(next);
+                header.tail.store(next, Ordering::Release);
+                continue;
             }
             // SAFETY: as above; len and id are atomics.
             let (len, id) = unsafe {

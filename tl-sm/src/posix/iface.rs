@@ -1,9 +1,8 @@
 //! The posix iface: its receive ring, and the peer segments its endpoints
 //! have mapped.
 
-use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use uct_core::{
@@ -11,10 +10,12 @@ use uct_core::{
     Result, SizeLimits, UctError,
 };
 
+use super::cache::SegmentCache;
 use super::component::TRANSPORT_NAME;
 use super::ep::PosixEp;
 use super::fifo::{self, Ring, SLOT_DATA};
 use super::health::{Health, Watchlist};
+use super::ident;
 use crate::host;
 use crate::segment::{Mapping, Peers};
 
@@ -24,29 +25,29 @@ pub(crate) const MAX_ZCOPY: usize = 1 << 30;
 pub(crate) const MAX_IOV: usize = 16;
 pub(crate) const MAX_AM_HEADER: usize = 256;
 
-/// Peer segments mapped so far, by owner pid, descriptor and whether the
-/// mapping is writable.
-pub(crate) type SegmentCache = Arc<Mutex<HashMap<(u32, u32, bool), Arc<Mapping>>>>;
-
-/// A posix iface address: the descriptor of the ring's segment in the
-/// owner (the device address carries its pid) and the secret in the
-/// segment's header, which tells this ring from a later one on the same
-/// descriptor number.
+/// A posix iface address: the owner's descriptors (the device address
+/// carries its pid) of the ring's segment and of its identity page
+/// ([`ident`](super::ident)), and the secret in the identity page's header,
+/// which tells this iface from a later one on the same descriptor numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingAddress {
     /// The owner's descriptor of the ring's segment.
     pub fd: u32,
-    /// The secret in the segment's header.
+    /// The owner's descriptor of the iface's identity page, which peers
+    /// map read-only.
+    pub id_fd: u32,
+    /// The secret in the identity page's header.
     pub secret: u64,
 }
 
 impl RingAddress {
     /// Bytes of an encoded address.
-    pub const LEN: usize = 12;
+    pub const LEN: usize = 16;
 
-    /// The address as bytes: fd then secret, little-endian.
+    /// The address as bytes: fd, id_fd, then secret, little-endian.
     pub fn encode(&self) -> Vec<u8> {
         let mut bytes = self.fd.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&self.id_fd.to_le_bytes());
         bytes.extend_from_slice(&self.secret.to_le_bytes());
         bytes
     }
@@ -56,9 +57,11 @@ impl RingAddress {
         if bytes.len() != Self::LEN {
             return None;
         }
-        let (fd, secret) = bytes.split_at(4);
+        let (fd, rest) = bytes.split_at(4);
+        let (id_fd, secret) = rest.split_at(4);
         Some(RingAddress {
             fd: u32::from_le_bytes(fd.try_into().ok()?),
+            id_fd: u32::from_le_bytes(id_fd.try_into().ok()?),
             secret: u64::from_le_bytes(secret.try_into().ok()?),
         })
     }
@@ -116,6 +119,10 @@ pub struct PosixIface {
     ring: Ring,
     /// Keeps the ring's segment open for peers.
     ring_fd: OwnedFd,
+    /// The identity page: marked dead when the iface closes.
+    ident: Mapping,
+    /// Keeps the identity page open for peers.
+    ident_fd: OwnedFd,
     address: RingAddress,
     attrs: IfaceAttrs,
     handlers: AmHandlers,
@@ -136,60 +143,65 @@ impl PosixIface {
             uct_core::Access::empty(),
             Peers::ReadWrite,
         )?;
+        let (ident, ident_fd) = ident::create(secret, ring_fd.as_fd())?;
         let address = RingAddress {
             fd: ring_fd.as_raw_fd() as u32,
+            id_fd: ident_fd.as_raw_fd() as u32,
             secret,
         };
+        let peer_timeout = super::component::peer_timeout();
+        let mut ring = Ring::init(mapping)?;
+        ring.set_stuck_after(stuck_after(peer_timeout));
         Ok(PosixIface {
             md,
-            ring: Ring::init(mapping)?,
+            ring,
             ring_fd,
+            ident,
+            ident_fd,
             address,
             attrs: attrs(),
             handlers: AmHandlers::new(TRANSPORT_NAME),
-            cache: Arc::default(),
+            cache: SegmentCache::default(),
             watchlist: Watchlist::default(),
-            peer_timeout: super::component::peer_timeout(),
+            peer_timeout,
         })
     }
 }
 
+/// How long a slot of our ring may stay claimed and unpublished before it
+/// is skipped as a dead sender's: well within the peer timeout, after
+/// which the other senders would take us for stalled, and at most 1 s (an
+/// honest sender publishes within microseconds of its claim).
+fn stuck_after(peer_timeout: std::time::Duration) -> std::time::Duration {
+    (peer_timeout / 2).min(std::time::Duration::from_secs(1))
+}
+
 impl Drop for PosixIface {
     fn drop(&mut self) {
-        // Peers that still map the ring see it closed; the descriptor closes
-        // after this, so no new peer opens it.
+        // Peers that still map the identity page see the iface closed; the
+        // descriptors close after this, so no new peer opens them.
+        self.ident.mark_dead();
         self.ring.mapping().mark_dead();
-        let _ = &self.ring_fd;
+        let _ = (&self.ring_fd, &self.ident_fd);
     }
 }
 
-/// Maps the ring of process `pid` at `addr` and checks that it is the one
-/// the address names: its secret, its geometry, its owner.
-fn attach(pid: u32, addr: RingAddress) -> Result<Ring> {
-    let mapping = Mapping::open(pid, addr.fd, 0, Peers::ReadWrite).map_err(|e| match e {
-        UctError::NoSuchRegion { .. } => {
-            UctError::Unreachable(format!("the posix iface of process {pid} is closed"))
-        }
-        UctError::BadRkey(why) => {
-            UctError::Unreachable(format!("process {pid}'s posix iface address: {why}"))
-        }
-        other => other,
-    })?;
-    // Our mapping's size first: a short segment is refused for what it is,
-    // whatever its header claims.
-    let ring = Ring::attach(mapping)?;
-    if !ring.mapping().view(addr.secret).is_valid() || ring.mapping().is_dead() {
-        return Err(UctError::Unreachable(format!(
-            "the posix iface address names no open ring of process {pid} (a closed iface whose descriptor was reused?)"
-        )));
-    }
-    if ring.owner_pid() != pid {
-        return Err(UctError::Unreachable(format!(
-            "the posix ring at that address belongs to process {}, not {pid}",
-            ring.owner_pid()
-        )));
-    }
-    Ok(ring)
+/// Maps the identity page and the ring of process `pid` at `addr`: the
+/// page's secret, owner and state (memory only its owner writes), then the
+/// ring it names, of a ring's size.
+fn attach(pid: u32, addr: RingAddress) -> Result<(Ring, Mapping)> {
+    let (ident, ring_id) = ident::open(pid, addr)?;
+    let mapping =
+        Mapping::open_shared(pid, addr.fd, fifo::ring_bytes(), ring_id).map_err(|e| match e {
+            UctError::NoSuchRegion { .. } => {
+                UctError::Unreachable(format!("the posix iface of process {pid} is closed"))
+            }
+            UctError::BadRkey(why) => {
+                UctError::Unreachable(format!("process {pid}'s posix iface address: {why}"))
+            }
+            other => other,
+        })?;
+    Ok((Ring::attach(mapping, pid)?, ident))
 }
 
 impl Iface for PosixIface {
@@ -245,11 +257,12 @@ impl Iface for PosixIface {
                 iface_addr.len()
             ))
         })?;
-        let ring = attach(pid, addr)?;
+        let (ring, ident) = attach(pid, addr)?;
         let health = Health::new(pid);
         self.watchlist.add(&health);
         Ok(Box::new(PosixEp::new(
             ring,
+            ident,
             pid,
             self.cache.clone(),
             health,

@@ -59,10 +59,11 @@ impl PosixMd {
 }
 
 /// An allocated segment: marked dead when dropped, then unmapped and its
-/// descriptor closed.
+/// descriptor closed. Memory no peer may reach has no descriptor: it is
+/// private anonymous memory, which no process can open through `/proc`.
 struct PosixBacking {
     map: Mapping,
-    fd: OwnedFd,
+    fd: Option<OwnedFd>,
     key: SoftRkey,
 }
 
@@ -95,7 +96,7 @@ impl MemoryDomain for PosixMd {
             reg_mem_types: vec![],
             export_mem_types: vec![],
             detect_mem_types: vec![],
-            max_alloc: 1 << 40,
+            max_alloc: crate::segment::MAX_PEER_DATA as u64,
             rkey_packed_size: 96,
             reg_cost: RegCost {
                 overhead_ns: 20_000.0,
@@ -114,8 +115,14 @@ impl MemoryDomain for PosixMd {
             });
         }
         let secret = crate::host::random_u64();
-        let (map, fd) =
-            Mapping::create("uct-posix", len, secret, access, Peers::for_access(access))?;
+        let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        let (map, fd) = if access.intersects(remote) {
+            let (map, fd) =
+                Mapping::create("uct-posix", len, secret, access, Peers::for_access(access))?;
+            (map, Some(fd))
+        } else {
+            (Mapping::anonymous(len, secret, access)?, None)
+        };
         let addr = map.data_ptr() as u64;
         let key = new_soft_key(secret, addr, len, access);
         // SAFETY: `map` is a live mapping of `len` data bytes at `addr`,
@@ -134,13 +141,21 @@ impl MemoryDomain for PosixMd {
 
     fn pack_rkey(&self, mem: &MemHandle) -> Result<RkeyEntry> {
         let backing = backing_of::<PosixBacking>(mem, MD_NAME, "allocate")?;
+        let Some(fd) = &backing.fd else {
+            return Err(UctError::InvalidParam(format!(
+                "posix: this memory was allocated with {} and no remote right, so no peer may \
+                 reach it and it has no rkey; allocate it with REMOTE_READ, REMOTE_WRITE or \
+                 REMOTE_ATOMIC to share it",
+                backing.key.access
+            )));
+        };
         Ok(RkeyEntry {
             component: self.component.into(),
             md: MD_NAME.into(),
             payload: encode_payload(&PosixRkey {
                 soft: backing.key,
                 pid: std::process::id(),
-                fd: backing.fd.as_raw_fd() as u32,
+                fd: fd.as_raw_fd() as u32,
                 mapping: OnceLock::new(),
             })?,
         })

@@ -5,10 +5,12 @@
 //! through the receiver's lock-free ring ([`fifo`]); atomics work on the
 //! mapping.
 
+mod cache;
 pub mod component;
 mod ep;
 pub mod fifo;
 mod health;
+pub mod ident;
 mod iface;
 mod md;
 

@@ -485,10 +485,8 @@ fn a_header_claiming_more_than_a_peer_maps_is_refused() {
     let len = (size as u64).to_ne_bytes();
     let at = std::mem::offset_of!(SegHeader, len) as libc::off_t;
     // SAFETY: writes 8 bytes of a live buffer to an open descriptor.
-    assert_eq!(
-        unsafe { libc::pwrite(huge.as_raw_fd(), len.as_ptr().cast(), 8, at) },
-        8
-    );
+    let n = unsafe { libc::pwrite(huge.as_raw_fd(), len.as_ptr().cast(), 8, at) };
+    assert_eq!(n, 8);
     seal_op(huge.as_fd(), libc::F_ADD_SEALS, SIZE_SEALS).unwrap();
     let got = open(&huge, Peers::ReadWrite);
     assert!(

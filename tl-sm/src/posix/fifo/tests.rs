@@ -3,6 +3,7 @@
 //! `/proc/<our pid>/fd/<fd>`, as a peer maps it) pushes.
 
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 use uct_core::{Access, UctError};
 
@@ -37,7 +38,7 @@ struct Pair {
 fn pair() -> Pair {
     let (map, fd) = segment(ring_bytes());
     let consumer = Ring::init(map).unwrap();
-    let producer = Ring::attach(peer_map(&fd)).unwrap();
+    let producer = Ring::attach(peer_map(&fd), std::process::id()).unwrap();
     Pair {
         consumer,
         producer,
@@ -83,13 +84,13 @@ fn a_ring_needs_ring_bytes() {
     for len in [ring_bytes(), ring_bytes() + 4096] {
         let (map, fd) = segment(len);
         assert!(Ring::init(map).is_ok(), "{len} bytes");
-        assert!(Ring::attach(peer_map(&fd)).is_ok());
+        assert!(Ring::attach(peer_map(&fd), std::process::id()).is_ok());
     }
     for len in [1, ring_bytes() - 1] {
         let (map, fd) = segment(len);
         assert!(matches!(Ring::init(map), Err(UctError::InvalidParam(_))));
         assert!(matches!(
-            Ring::attach(peer_map(&fd)),
+            Ring::attach(peer_map(&fd), std::process::id()),
             Err(UctError::Unreachable(_))
         ));
     }
@@ -99,7 +100,10 @@ fn a_ring_needs_ring_bytes() {
 fn attach_refuses_a_segment_that_holds_no_ring() {
     for len in [ring_bytes(), ring_bytes() + 4096] {
         let (map, _fd) = segment(len);
-        assert!(matches!(Ring::attach(map), Err(UctError::Unreachable(_))));
+        assert!(matches!(
+            Ring::attach(map, std::process::id()),
+            Err(UctError::Unreachable(_))
+        ));
     }
 }
 
@@ -265,7 +269,7 @@ fn a_full_ring_is_full_whatever_its_positions() {
         let header = consumer.header();
         header.head.store(head, Ordering::Relaxed);
         header.tail.store(tail, Ordering::Relaxed);
-        let producer = Ring::attach(peer_map(&fd)).unwrap();
+        let producer = Ring::attach(peer_map(&fd), std::process::id()).unwrap();
         assert!(
             matches!(push(&producer, 1, &[b"x"]), Push::Full),
             "head {head} tail {tail}"
@@ -341,4 +345,91 @@ fn a_slot_with_a_corrupt_length_or_id_is_dropped() {
         .map(|(id, data)| (*id, data.len()))
         .collect();
     assert_eq!(got, vec![(7, 4)], "(id, length) delivered");
+}
+
+/// Drains until `want` messages arrived in all, at most `deadline`.
+fn drain_until(ring: &Ring, want: usize, deadline: Duration) -> Vec<(u8, Vec<u8>)> {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    while got.len() < want && start.elapsed() < deadline {
+        got.extend(drain_all(ring));
+    }
+    got
+}
+
+#[test]
+fn a_slot_claimed_and_never_published_is_skipped_after_the_bound() {
+    let mut pair = pair();
+    let bound = Duration::from_millis(50);
+    pair.consumer.set_stuck_after(bound);
+    // A producer claims position 0 (its CAS on head) and dies before it
+    // publishes; another pushes two messages after it.
+    pair.producer.header().head.fetch_add(1, Ordering::AcqRel);
+    let start = Instant::now();
+    assert!(matches!(push(&pair.producer, 1, &[b"one"]), Push::Done));
+    assert!(matches!(push(&pair.producer, 2, &[b"two"]), Push::Done));
+    for _ in 0..1000 {
+        assert!(
+            drain_all(&pair.consumer).is_empty(),
+            "delivered past an unpublished slot"
+        );
+    }
+    let got = drain_until(&pair.consumer, 2, Duration::from_secs(5));
+    assert!(
+        start.elapsed() >= bound,
+        "skipped after {:?}",
+        start.elapsed()
+    );
+    assert_eq!(got, vec![(1, b"one".to_vec()), (2, b"two".to_vec())]);
+    // The dead producer's late publication names a position the ring has
+    // passed: ignored, and the ring goes on.
+    // SAFETY: position 0's slot lies inside the ring; seq is an atomic.
+    unsafe { (*pair.producer.slot(0)).seq.store(1, Ordering::Release) };
+    for _ in 0..1000 {
+        assert!(
+            drain_all(&pair.consumer).is_empty(),
+            "a late publication was delivered"
+        );
+    }
+    assert!(matches!(push(&pair.producer, 3, &[b"three"]), Push::Done));
+    assert_eq!(drain_all(&pair.consumer), vec![(3, b"three".to_vec())]);
+}
+
+#[test]
+fn a_slot_claimed_just_now_is_waited_for() {
+    // Only positions claimed when the consumer first saw them stuck, and a
+    // bound ago, are skipped: a claim made later is waited for.
+    let mut pair = pair();
+    pair.consumer.set_stuck_after(Duration::from_millis(30));
+    pair.producer.header().head.fetch_add(1, Ordering::AcqRel);
+    let got = drain_until(&pair.consumer, 1, Duration::from_millis(10));
+    assert!(got.is_empty());
+    std::thread::sleep(Duration::from_millis(40));
+    // A second claim, published late but within the bound.
+    let pos = pair.producer.header().head.fetch_add(1, Ordering::AcqRel);
+    assert!(drain_until(&pair.consumer, 1, Duration::from_millis(20)).is_empty());
+    // SAFETY: the slot of `pos` lies inside the ring; its fields are
+    // atomics.
+    unsafe {
+        let slot = pair.producer.slot(pos);
+        (*slot).len.store(0, Ordering::Relaxed);
+        (*slot).id.store(4, Ordering::Relaxed);
+        (*slot).seq.store(pos + 1, Ordering::Release);
+    }
+    assert_eq!(
+        drain_until(&pair.consumer, 1, Duration::from_secs(2)),
+        vec![(4, Vec::new())]
+    );
+}
+
+#[test]
+fn a_push_gives_up_when_every_claim_fails() {
+    // Another process keeps rewriting head, so no compare-and-swap wins:
+    // the push returns instead of spinning.
+    let pair = pair();
+    pair.producer.fail_claims.set(true);
+    assert!(matches!(push(&pair.producer, 1, &[b"x"]), Push::Contended));
+    pair.producer.fail_claims.set(false);
+    assert!(matches!(push(&pair.producer, 1, &[b"x"]), Push::Done));
+    assert_eq!(drain_all(&pair.consumer), vec![(1, b"x".to_vec())]);
 }

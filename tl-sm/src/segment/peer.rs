@@ -1,0 +1,170 @@
+//! Opening a peer's segment: `/proc/<pid>/fd/<fd>` names whatever the peer
+//! keeps open there, so it is first opened with `O_PATH` (which opens
+//! nothing: no FIFO wakes, no device acts, no watcher hears of it) and
+//! looked at, and reopened for reading or writing only once it is a regular
+//! file sealed against shrinking and growing.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use uct_core::{Access, UctError};
+
+use super::{fd_from_call, seal_op, Peers, HEADER_SPACE, SIZE_SEALS};
+
+/// `fstat` of `fd`.
+fn stat(fd: BorrowedFd<'_>) -> std::io::Result<libc::stat> {
+    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fd is an open descriptor borrowed for the call; fstat writes
+    // one struct stat into `stat`, which has room for it.
+    if unsafe { libc::fstat(fd.as_raw_fd(), stat.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fstat succeeded, so it initialised the whole struct.
+    Ok(unsafe { stat.assume_init() })
+}
+
+/// The object behind `fd`, as device and inode numbers: what tells one
+/// memfd from another whatever descriptor numbers name them.
+pub fn file_id(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
+    let st = stat(fd)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// What a file that is not regular is, in words.
+fn kind(mode: libc::mode_t) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFLNK => "a symbolic link",
+        libc::S_IFSOCK => "a socket",
+        _ => "an anonymous inode",
+    }
+}
+
+/// A peer's segment, opened for reading (and writing, for
+/// [`Peers::ReadWrite`]) after the checks above.
+pub(super) struct PeerFile {
+    pub(super) file: OwnedFd,
+    /// Its size, read after its seals: fixed for good.
+    pub(super) size: usize,
+    /// Its [`file_id`].
+    pub(super) id: (u64, u64),
+    path: String,
+}
+
+impl PeerFile {
+    /// Opens `/proc/<pid>/fd/<fd>` as described above.
+    pub(super) fn open(
+        pid: u32,
+        fd: u32,
+        region_id: u64,
+        peers: Peers,
+    ) -> Result<PeerFile, UctError> {
+        let path = format!("/proc/{pid}/fd/{fd}");
+        let cpath = CString::new(path.as_str()).map_err(|_| UctError::BadRkey(path.clone()))?;
+        // SAFETY: a valid nul-terminated path; open returns a new descriptor
+        // or -1 with errno set. O_PATH opens no file: it only names it.
+        let handle =
+            unsafe { fd_from_call(libc::open(cpath.as_ptr(), libc::O_PATH | libc::O_CLOEXEC)) }
+                .map_err(|e| match e.raw_os_error() {
+                    Some(libc::ENOENT | libc::ESRCH) => UctError::NoSuchRegion { region_id },
+                    Some(libc::EACCES) | Some(libc::EPERM) => UctError::EndpointFailed(format!(
+                        "not permitted to open {path} (ptrace rules: different user, or /proc/sys/kernel/yama/ptrace_scope > 1)"
+                    )),
+                    _ => UctError::io(format!("posix: open {path}"), e),
+                })?;
+        let named =
+            stat(handle.as_fd()).map_err(|e| UctError::io(format!("posix: stat {path}"), e))?;
+        let peer = |file: OwnedFd| PeerFile {
+            file,
+            size: 0,
+            id: (named.st_dev, named.st_ino),
+            path: path.clone(),
+        };
+        match named.st_mode & libc::S_IFMT {
+            libc::S_IFREG => {}
+            // The region's descriptor was closed and its number now names
+            // a socket (a stale rkey).
+            libc::S_IFSOCK => return Err(UctError::NoSuchRegion { region_id }),
+            mode => {
+                return Err(
+                    peer(handle).not_a_segment(format!("not a regular file but {}", kind(mode)))
+                )
+            }
+        }
+        let mode = match peers {
+            Peers::ReadWrite => libc::O_RDWR,
+            Peers::ReadOnly => libc::O_RDONLY,
+        };
+        // The same file, opened for real: /proc/self/fd of an O_PATH
+        // descriptor names the object it holds.
+        let reopen = CString::new(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+            .map_err(|_| UctError::BadRkey(path.clone()))?;
+        // SAFETY: a valid nul-terminated path; open returns a new descriptor
+        // or -1 with errno set.
+        let file = unsafe {
+            fd_from_call(libc::open(
+                reopen.as_ptr(),
+                mode | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK,
+            ))
+        }
+        .map_err(|e| UctError::io(format!("posix: open {path}"), e))?;
+        let mut peer = peer(file);
+        // Sealed first, then sized: seals cannot be removed, so the size
+        // read after them is the size for good.
+        let seals = seal_op(peer.file.as_fd(), libc::F_GET_SEALS, 0)
+            .map_err(|e| peer.not_a_segment(format!("no seals ({e})")))?;
+        if seals & SIZE_SEALS != SIZE_SEALS {
+            return Err(peer.not_a_segment(format!(
+                "seals {seals:#x} lack F_SEAL_SHRINK|F_SEAL_GROW, so its owner could shrink it under our mapping"
+            )));
+        }
+        let st =
+            stat(peer.file.as_fd()).map_err(|e| UctError::io(format!("posix: stat {path}"), e))?;
+        peer.size = usize::try_from(st.st_size).unwrap_or(0);
+        if peer.size < HEADER_SPACE {
+            return Err(peer.not_a_segment(format!("{} bytes, less than its header", peer.size)));
+        }
+        if peers == Peers::ReadWrite
+            && seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0
+        {
+            return Err(UctError::AccessDenied {
+                needed: Access::REMOTE_WRITE,
+                granted: Access::REMOTE_READ,
+            });
+        }
+        Ok(peer)
+    }
+
+    /// The error for a file that is no segment of ours.
+    pub(super) fn not_a_segment(&self, why: String) -> UctError {
+        UctError::BadRkey(format!(
+            "{} is not a sealed uct segment: {why}; its owner is broken or hostile",
+            self.path
+        ))
+    }
+
+    /// The u64 at byte `offset` of the file (inside its first
+    /// [`HEADER_SPACE`] bytes), read as a copy.
+    pub(super) fn read_u64(&self, offset: usize) -> Result<u64, UctError> {
+        let mut word = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live 8-byte buffer.
+        let n = unsafe {
+            libc::pread(
+                self.file.as_raw_fd(),
+                word.as_mut_ptr().cast(),
+                word.len(),
+                offset as libc::off_t,
+            )
+        };
+        if n != word.len() as isize {
+            return Err(self.not_a_segment(format!(
+                "its header cannot be read ({})",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(u64::from_ne_bytes(word))
+    }
+}
