@@ -24,13 +24,13 @@ pub const TCP_CONFIG: &[ConfigVar] = &[
         name: "UCT_TCP_PEER_TIMEOUT",
         default: "10s",
         kind: ConfigKind::Duration,
-        doc: "How long a tcp peer may leave requests unanswered, or data unacknowledged, before its endpoint fails and every pending operation completes with an error.",
+        doc: "How long a tcp peer may leave requests unanswered, or data unacknowledged or unread, before its endpoint fails and every pending operation completes with an error. A connection a peer opened whose replies it leaves unread this long is closed.",
     },
     ConfigVar {
         name: "UCT_TCP_MAX_ACCEPTED",
         default: "1024",
         kind: ConfigKind::Uint,
-        doc: "Most connections a tcp iface keeps that peers opened to it. At the limit, the oldest that has not said Hello yet is closed for a new one; if all have, the new one is refused. Connections that say no Hello within UCT_BOOTSTRAP_TIMEOUT are closed. `auto`: the default.",
+        doc: "Most connections a tcp iface keeps that peers opened to it (one per peer iface that sends to it). At the limit, the oldest that has not said Hello yet is closed for a new one, else the one idle longest if idle for UCT_TCP_PEER_TIMEOUT; if none is, the new one is refused. Connections that say no Hello within UCT_BOOTSTRAP_TIMEOUT are closed. `auto`: the default.",
     },
 ];
 

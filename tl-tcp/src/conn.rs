@@ -1,18 +1,22 @@
 //! One non-blocking TCP connection: a queue of outgoing frames written with
-//! `sendmsg` (header and user buffers gathered, no staging copy for zcopy),
-//! and a receive buffer cut into frames. The receive buffer holds a chunk,
-//! or the frame at its head once the link has checked that frame's size;
-//! the replies queued to the peer are counted apart, so that the link stops
-//! executing its requests while they pile up.
+//! `sendmsg` (header and user buffers gathered, no staging copy for zcopy;
+//! a get's reply read from its region a chunk at a time, as the socket
+//! takes it), and a receive buffer cut into frames. The receive buffer
+//! holds a chunk, or the frame at its head once the link has checked that
+//! frame's size; the replies queued to the peer are counted apart, so that
+//! the link stops executing its requests while they wait.
 
 use std::collections::VecDeque;
 use std::io::ErrorKind;
 use std::net::{IpAddr, Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use uct_core::{Completion, MemHandle, UctError};
+use uct_core::{Completion, UctError};
 
+use crate::outgoing::Outgoing;
+pub use crate::outgoing::Payload;
+use crate::sockopt::set_peer_timeout;
 use crate::wire::{self, Header, Parsed};
 
 /// Bytes a connection queues before senders get NoResource.
@@ -21,69 +25,19 @@ pub const SEND_QUEUE_LIMIT: usize = 8 << 20;
 const IOV_BATCH: usize = 64;
 const READ_CHUNK: usize = 256 * 1024;
 
-/// The data part of an outgoing frame.
-pub enum Payload {
-    None,
-    Bytes(Vec<u8>),
-    /// A copied prefix (an AM header, possibly empty) then user memory,
-    /// kept alive until written.
-    Iov(Vec<u8>, Vec<(MemHandle, usize, usize)>),
-}
-
-struct Outgoing {
-    head: Vec<u8>,
-    payload: Payload,
-    written: usize,
-    total: usize,
-    /// An answer to the peer's request (counted in `replies_queued`).
-    reply: bool,
-    /// Fired when the frame is on the wire (local completion).
-    comp: Option<Completion>,
-}
-
-impl Outgoing {
-    /// The pieces still to write, as (pointer, length).
-    fn pieces(&self, out: &mut Vec<libc::iovec>) {
-        let mut skip = self.written;
-        let mut push = |ptr: *const u8, len: usize, out: &mut Vec<libc::iovec>| {
-            if skip >= len {
-                skip -= len;
-                return;
-            }
-            out.push(libc::iovec {
-                // SAFETY: every piece is a live buffer of `len` bytes at
-                // `ptr` (owned by the queue, or a range of a memory handle
-                // the queue holds, checked by host_ptr); skip < len, so the
-                // result stays inside that buffer.
-                iov_base: unsafe { ptr.add(skip) } as *mut libc::c_void,
-                iov_len: len - skip,
-            });
-            skip = 0;
-        };
-        push(self.head.as_ptr(), self.head.len(), out);
-        match &self.payload {
-            Payload::None => {}
-            Payload::Bytes(b) => push(b.as_ptr(), b.len(), out),
-            Payload::Iov(prefix, v) => {
-                push(prefix.as_ptr(), prefix.len(), out);
-                for (mem, off, len) in v {
-                    // Ranges were checked when the operation was posted.
-                    if let Ok(p) = mem.host_ptr(*off, *len) {
-                        push(p, *len, out);
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// A connection and its queues.
 pub struct Conn {
     stream: TcpStream,
     sendq: VecDeque<Outgoing>,
     queued: usize,
-    /// Bytes of `queued` that answer the peer's requests.
+    /// Bytes of `queued` that answer the peer's requests, and how many
+    /// frames.
     replies_queued: usize,
+    reply_frames: usize,
+    /// Replies whose data is still to be read from its region.
+    unread_replies: usize,
+    /// When the socket last took bytes, or the queue last became non-empty.
+    last_sent: Instant,
     rbuf: Vec<u8>,
     rpos: usize,
     max_data: usize,
@@ -121,6 +75,9 @@ impl Conn {
             sendq: VecDeque::new(),
             queued: 0,
             replies_queued: 0,
+            reply_frames: 0,
+            unread_replies: 0,
+            last_sent: Instant::now(),
             rbuf: Vec::new(),
             rpos: 0,
             max_data,
@@ -155,6 +112,43 @@ impl Conn {
         self.replies_queued
     }
 
+    /// Reply frames not yet all written.
+    pub fn reply_frames(&self) -> usize {
+        self.reply_frames
+    }
+
+    /// Whether a reply's data is still to be read from its region: the
+    /// requests after it must wait, so that none of them changes what it
+    /// reads.
+    pub fn reading_replies(&self) -> bool {
+        self.unread_replies > 0
+    }
+
+    /// How long the peer has taken none of the bytes queued for it; None
+    /// with nothing queued.
+    pub fn stalled_for(&self) -> Option<Duration> {
+        (!self.sendq.is_empty()).then(|| self.last_sent.elapsed())
+    }
+
+    /// When the socket last took bytes, or the queue last became non-empty.
+    pub fn last_sent(&self) -> Instant {
+        self.last_sent
+    }
+
+    /// Notes that a frame joins the queue.
+    fn enqueue(&mut self, outgoing: Outgoing) {
+        if self.sendq.is_empty() {
+            self.last_sent = Instant::now();
+        }
+        self.queued += outgoing.total;
+        if outgoing.reply {
+            self.replies_queued += outgoing.total;
+            self.reply_frames += 1;
+            self.unread_replies += usize::from(outgoing.unread());
+        }
+        self.sendq.push_back(outgoing);
+    }
+
     /// Bytes received and not yet consumed.
     pub fn buffered(&self) -> usize {
         self.rbuf.len() - self.rpos
@@ -163,16 +157,10 @@ impl Conn {
     /// Queues the answer to a request of the peer; it is written with the
     /// next `write_out`.
     pub fn queue_reply(&mut self, header: &Header, payload: Payload) -> Result<(), UctError> {
-        let data_len = match &payload {
-            Payload::None => 0,
-            Payload::Bytes(b) => b.len(),
-            Payload::Iov(prefix, pieces) => {
-                prefix.len() + pieces.iter().map(|(_, _, len)| len).sum::<usize>()
-            }
-        };
+        let data_len = payload.len();
         let head = wire::encode(header, data_len)?;
         let total = head.len() + data_len;
-        self.sendq.push_back(Outgoing {
+        self.enqueue(Outgoing {
             head,
             payload,
             written: 0,
@@ -180,8 +168,6 @@ impl Conn {
             comp: None,
             reply: true,
         });
-        self.queued += total;
-        self.replies_queued += total;
         Ok(())
     }
 
@@ -239,6 +225,11 @@ impl Conn {
         }
     }
 
+    /// Bytes queued and not yet written.
+    pub fn queued(&self) -> usize {
+        self.queued
+    }
+
     /// Whether the send queue is over its limit.
     pub fn is_full(&self) -> bool {
         self.queued >= SEND_QUEUE_LIMIT
@@ -252,16 +243,10 @@ impl Conn {
         payload: Payload,
         comp: Option<&Completion>,
     ) -> Result<bool, UctError> {
-        let data_len = match &payload {
-            Payload::None => 0,
-            Payload::Bytes(b) => b.len(),
-            Payload::Iov(prefix, pieces) => {
-                prefix.len() + pieces.iter().map(|(_, _, len)| len).sum::<usize>()
-            }
-        };
+        let data_len = payload.len();
         let head = wire::encode(header, data_len)?;
         let total = head.len() + data_len;
-        self.sendq.push_back(Outgoing {
+        self.enqueue(Outgoing {
             head,
             payload,
             written: 0,
@@ -269,7 +254,6 @@ impl Conn {
             comp: None,
             reply: false,
         });
-        self.queued += total;
         self.write_out()?;
         if self.sendq.is_empty() {
             return Ok(true);
@@ -337,6 +321,9 @@ impl Conn {
                 _ => return Err(peer_error("send", &self.peer(), e)),
             }
         };
+        if sent > 0 {
+            self.last_sent = Instant::now();
+        }
         if sent == total {
             return Ok(());
         }
@@ -351,9 +338,8 @@ impl Conn {
             rest.extend_from_slice(&piece[skip..]);
             skip = 0;
         }
-        self.queued += rest.len();
         let len = rest.len();
-        self.sendq.push_back(Outgoing {
+        self.enqueue(Outgoing {
             head: rest,
             payload: Payload::None,
             written: 0,
@@ -364,19 +350,28 @@ impl Conn {
         Ok(())
     }
 
-    /// Writes queued frames until the socket would block.
+    /// Writes queued frames until the socket would block, reading a get
+    /// reply's next chunk from its region when the last one is written (a
+    /// region that became unreadable meanwhile is an error: the reply
+    /// cannot be finished).
     pub fn write_out(&mut self) -> Result<usize, UctError> {
         let mut total = 0usize;
         let mut iov: Vec<libc::iovec> = Vec::with_capacity(IOV_BATCH);
-        while !self.sendq.is_empty() {
+        while let Some(front) = self.sendq.front_mut() {
+            if front.refill()? {
+                self.unread_replies = self.unread_replies.saturating_sub(1);
+            }
             iov.clear();
             for outgoing in self.sendq.iter() {
-                outgoing.pieces(&mut iov);
-                if iov.len() >= IOV_BATCH {
+                let whole = outgoing.pieces(&mut iov);
+                if iov.len() >= IOV_BATCH || !whole {
                     break;
                 }
             }
             iov.truncate(IOV_BATCH);
+            if iov.is_empty() {
+                break;
+            }
             // SAFETY: msghdr is plain data; zeroed is a valid empty header.
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
             msg.msg_iov = iov.as_mut_ptr();
@@ -403,6 +398,9 @@ impl Conn {
             }
             let mut sent = n as usize;
             total += sent;
+            if sent > 0 {
+                self.last_sent = Instant::now();
+            }
             self.queued = self.queued.saturating_sub(sent);
             while sent > 0 {
                 let Some(front) = self.sendq.front_mut() else {
@@ -414,9 +412,7 @@ impl Conn {
                 }
                 if sent >= left {
                     sent -= left;
-                    if let Some(comp) = self.sendq.pop_front().and_then(|outgoing| outgoing.comp) {
-                        comp.finish(Ok(()));
-                    }
+                    self.pop_written();
                 } else {
                     front.written += sent;
                     sent = 0;
@@ -424,12 +420,24 @@ impl Conn {
             }
             // Zero-length frames are complete at once.
             while self.sendq.front().is_some_and(|o| o.total == o.written) {
-                if let Some(comp) = self.sendq.pop_front().and_then(|outgoing| outgoing.comp) {
-                    comp.finish(Ok(()));
-                }
+                self.pop_written();
             }
         }
         Ok(total)
+    }
+
+    /// Drops the written frame at the head of the queue, firing its
+    /// completion.
+    fn pop_written(&mut self) {
+        let Some(outgoing) = self.sendq.pop_front() else {
+            return;
+        };
+        if outgoing.reply {
+            self.reply_frames = self.reply_frames.saturating_sub(1);
+        }
+        if let Some(comp) = outgoing.comp {
+            comp.finish(Ok(()));
+        }
     }
 
     /// Reads what has arrived into the receive buffer, without zeroing it
@@ -577,74 +585,9 @@ impl Conn {
         }
         self.queued = 0;
         self.replies_queued = 0;
+        self.reply_frames = 0;
+        self.unread_replies = 0;
     }
-}
-
-fn setsockopt(
-    stream: &TcpStream,
-    level: i32,
-    name: i32,
-    value: i32,
-    what: &str,
-) -> Result<(), UctError> {
-    // SAFETY: the fd is a live socket owned by `stream`; the option value is
-    // an int of the size passed.
-    let status = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            level,
-            name,
-            &value as *const i32 as *const libc::c_void,
-            std::mem::size_of::<i32>() as libc::socklen_t,
-        )
-    };
-    if status != 0 {
-        return Err(UctError::io(
-            format!("tcp: set {what}"),
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
-}
-
-fn set_peer_timeout(stream: &TcpStream, t: Duration) -> Result<(), UctError> {
-    let ms = t.as_millis().clamp(1, i32::MAX as u128) as i32;
-    let idle = (t.as_secs() / 3).clamp(1, 3600) as i32;
-    setsockopt(
-        stream,
-        libc::IPPROTO_TCP,
-        libc::TCP_USER_TIMEOUT,
-        ms,
-        "TCP_USER_TIMEOUT",
-    )?;
-    setsockopt(
-        stream,
-        libc::SOL_SOCKET,
-        libc::SO_KEEPALIVE,
-        1,
-        "SO_KEEPALIVE",
-    )?;
-    setsockopt(
-        stream,
-        libc::IPPROTO_TCP,
-        libc::TCP_KEEPIDLE,
-        idle,
-        "TCP_KEEPIDLE",
-    )?;
-    setsockopt(
-        stream,
-        libc::IPPROTO_TCP,
-        libc::TCP_KEEPINTVL,
-        1,
-        "TCP_KEEPINTVL",
-    )?;
-    setsockopt(
-        stream,
-        libc::IPPROTO_TCP,
-        libc::TCP_KEEPCNT,
-        3,
-        "TCP_KEEPCNT",
-    )
 }
 
 fn peer_error(what: &str, peer: &str, e: std::io::Error) -> UctError {

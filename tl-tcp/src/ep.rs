@@ -102,7 +102,13 @@ impl TcpEp {
         let Some(mut link) = self.live_with_room()? else {
             return Ok(Status::NoResource);
         };
-        let header = make(link.next_req(id));
+        let header = match link.next_req(id) {
+            Ok(req) => make(req),
+            Err(e) => {
+                link.fail(e.clone());
+                return Err(e);
+            }
+        };
         match link.conn.send_borrowed(&header, parts) {
             Ok(_) => Ok(Status::Done),
             Err(e) => {
@@ -128,11 +134,16 @@ impl TcpEp {
         if !link.has_room_for_request(get_bytes) {
             return Ok(Status::NoResource);
         }
-        let req = link.next_req(self.id);
-        if let Err(e) = link.conn.send(&make(req), Payload::None, None) {
-            link.fail(e.clone());
-            return Err(e);
-        }
+        let sent = link
+            .next_req(self.id)
+            .and_then(|req| link.conn.send(&make(req), Payload::None, None).map(|_| req));
+        let req = match sent {
+            Ok(req) => req,
+            Err(e) => {
+                link.fail(e.clone());
+                return Err(e);
+            }
+        };
         if let Some(comp) = comp {
             comp.start();
         }
@@ -152,7 +163,13 @@ impl TcpEp {
         let Some(mut link) = self.live_with_room()? else {
             return Ok(Status::NoResource);
         };
-        let header = make(link.next_req(id));
+        let header = match link.next_req(id) {
+            Ok(req) => make(req),
+            Err(e) => {
+                link.fail(e.clone());
+                return Err(e);
+            }
+        };
         match link.conn.send(&header, payload, comp) {
             Ok(true) => Ok(Status::Done),
             Ok(false) => Ok(Status::InProgress),

@@ -3,13 +3,15 @@
 //! region table (region, secret, range, rights) and executed; the reply, if
 //! the request has one, is returned for the link to send.
 
+use std::sync::Arc;
 use uct_core::atomic_ops::{check_aligned, fetch_at};
+
 use uct_core::region_table::{RegionTable, SoftRkey};
 use uct_core::{Access, AtomicValue, FetchOp, UctError};
 
-use crate::conn::Payload;
 use crate::iface::MAX_FRAME_DATA;
 use crate::link::AmBatch;
+use crate::outgoing::{Payload, RegionReply};
 use crate::wire::{Header, WireAtomic, WireError, WireKey};
 
 type Result<T, E = UctError> = std::result::Result<T, E>;
@@ -80,7 +82,7 @@ fn nack(req: u64, error: &UctError) -> Option<(Header, Payload)> {
 /// Executes one request from the peer and returns its reply, if it has one.
 /// The link has checked the peer's Hello before; another Hello is refused.
 pub(crate) fn execute(
-    table: &RegionTable,
+    table: &Arc<RegionTable>,
     ams: &mut AmBatch,
     header: Header,
     data: &[u8],
@@ -130,16 +132,10 @@ pub(crate) fn execute(
                     Payload::None,
                 )));
             }
-            // Allocate only once the access is known to be good.
-            let read = table.access(&table_key(key), addr, len, Access::REMOTE_READ, |src| {
-                // SAFETY: `access` checked that [src, src + len) lies in a
-                // registered region granting remote read and keeps it
-                // registered while this closure runs; the slice is copied
-                // out before it returns. len <= MAX_FRAME_DATA fits usize.
-                unsafe { std::slice::from_raw_parts(src as *const u8, len as usize) }.to_vec()
-            });
-            Some(match read {
-                Ok(bytes) => (Header::GetReply { req, error: None }, Payload::Bytes(bytes)),
+            // The data is read as the peer takes it, a chunk at a time
+            // (len <= MAX_FRAME_DATA fits usize).
+            Some(match RegionReply::new(table, key, addr, len as usize) {
+                Ok(data) => (Header::GetReply { req, error: None }, Payload::Region(data)),
                 Err(e) => (
                     Header::GetReply {
                         req,

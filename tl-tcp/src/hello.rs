@@ -1,14 +1,14 @@
 //! Who is on the other end of a link, without I/O. A link we dialled
-//! reaches the iface listening at the address the application gave us. A
-//! link we accepted must open with a Hello, and only then: it must echo our
-//! iface's cookie (so the caller got our address from the address
-//! exchange, not from a port scan), and the IP it claims must be the one
-//! the connection comes from. What it claims beyond that (its port and its
-//! cookie) is its word: such a link carries that peer's requests to us,
-//! but our own traffic for peer P goes on it only when the application
-//! hands us P's address with the same cookie; a link that claims P's
-//! listening address with another cookie is a liar (or P's previous
-//! incarnation) and is closed.
+//! reaches the iface listening at the address the application gave us, and
+//! only such a link carries our own traffic (requests, active messages) to
+//! that iface. A link we accepted must open with a Hello, and only then: it
+//! must echo our iface's cookie (so the caller got our address from the
+//! address exchange, not from a port scan), and the IP it claims must be
+//! the one the connection comes from. What it claims beyond that (its port
+//! and its cookie, both public in its address) is its word, used only to
+//! name it: it proves nothing, so an accepted link carries only what the
+//! peer starts (its requests, and our answers to them), never our traffic
+//! for the iface it claims to be.
 
 use std::net::IpAddr;
 use std::time::Instant;
@@ -27,26 +27,17 @@ pub(crate) enum Role {
     Accepted(PeerAddr),
 }
 
-/// Whether a link may carry our traffic to a peer iface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fit {
-    /// It is that iface, as far as the address exchange lets us know.
-    Yes,
-    /// It is another iface, or not authenticated yet.
-    No,
-    /// It claims that iface's listening address with another cookie.
-    Impostor,
-}
-
 impl Role {
-    /// Whether a link of this role may carry traffic to `to`.
-    pub(crate) fn fits(&self, to: &PeerAddr) -> Fit {
-        match self {
-            Role::Dialled(a) if a == to => Fit::Yes,
-            Role::Accepted(a) if a == to => Fit::Yes,
-            Role::Accepted(a) if a.sock == to.sock => Fit::Impostor,
-            _ => Fit::No,
-        }
+    /// Whether a link of this role carries our traffic to the iface at
+    /// `to`: only a link we dialled to that very address (and cookie).
+    pub(crate) fn reaches(&self, to: &PeerAddr) -> bool {
+        matches!(self, Role::Dialled(a) if a == to)
+    }
+
+    /// Whether the peer opened the link: it carries the peer's requests
+    /// and our answers; we opened it: our requests and the peer's answers.
+    pub(crate) fn peer_opened(&self) -> bool {
+        !matches!(self, Role::Dialled(_))
     }
 
     /// The peer iface, once known.
@@ -176,7 +167,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_link_proved_to_be_the_peer_carries_its_traffic() {
+    fn only_a_link_dialled_to_the_peers_address_carries_its_traffic() {
         let p = PeerAddr {
             sock: "127.0.0.1:4242".parse().unwrap(),
             cookie: 7,
@@ -186,12 +177,15 @@ mod tests {
             sock: "127.0.0.1:4243".parse().unwrap(),
             ..p
         };
-        assert_eq!(Role::Dialled(p).fits(&p), Fit::Yes);
-        assert_eq!(Role::Dialled(p).fits(&other_cookie), Fit::No);
-        assert_eq!(Role::Accepted(p).fits(&p), Fit::Yes);
-        assert_eq!(Role::Accepted(other_cookie).fits(&p), Fit::Impostor);
-        assert_eq!(Role::Accepted(other_port).fits(&p), Fit::No);
-        assert_eq!(Role::AwaitingHello(Instant::now()).fits(&p), Fit::No);
+        assert!(Role::Dialled(p).reaches(&p));
+        assert!(!Role::Dialled(p).reaches(&other_cookie));
+        assert!(!Role::Dialled(p).reaches(&other_port));
+        // A Hello claiming P, cookie and all, is P's word, not a proof.
+        assert!(!Role::Accepted(p).reaches(&p));
+        assert!(!Role::AwaitingHello(Instant::now()).reaches(&p));
         assert_eq!(Role::AwaitingHello(Instant::now()).peer(), None);
+        assert!(!Role::Dialled(p).peer_opened());
+        assert!(Role::Accepted(p).peer_opened());
+        assert!(Role::AwaitingHello(Instant::now()).peer_opened());
     }
 }

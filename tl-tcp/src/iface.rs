@@ -1,10 +1,12 @@
-//! The tcp iface: listens on one interface and keeps one link (TCP
-//! connection) per peer iface, whichever side opened it; its `progress`
-//! polls them all at once, executes the requests that arrive and completes
-//! its endpoints' operations. Accepted connections are capped
-//! (UCT_TCP_MAX_ACCEPTED) and taken a few per progress call, and a failed
-//! link leaves the list at the next call, so that junk connections cost
-//! the other peers little.
+//! The tcp iface: listens on one interface; its endpoints send on links
+//! (TCP connections) it dialled, one per peer iface address, and peers send
+//! their requests on links they dialled to it, which it accepts. Its
+//! `progress` polls them all at once, executes the requests that arrive and
+//! completes its endpoints' operations. Accepted connections are capped
+//! (UCT_TCP_MAX_ACCEPTED) and taken a few per progress call; at the cap, a
+//! link without a Hello, then one idle for the peer timeout, gives way; a
+//! failed link leaves the list at the next call, so that junk connections
+//! cost the other peers little.
 
 use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr, TcpListener};
@@ -24,7 +26,7 @@ use crate::conn::{Conn, Payload};
 use crate::devices::NetDevice;
 use crate::dial::dial;
 use crate::ep::TcpEp;
-use crate::hello::{Fit, Role};
+use crate::hello::Role;
 use crate::link::{AmBatch, Link, Timeouts};
 use crate::wire::Header;
 
@@ -59,9 +61,10 @@ pub(crate) struct Connector {
 }
 
 impl Connector {
-    /// The link to the peer iface at these addresses: one already open
-    /// that is known to reach it (one we dialled, or one whose Hello
-    /// carried the cookie of this very address), or a new connection.
+    /// The link to the peer iface at these addresses: one we dialled to
+    /// them already, or a new connection. Never a link the peer opened: its
+    /// Hello names the iface it claims to be, with that iface's cookie,
+    /// which is public in its address, so it proves nothing.
     pub(crate) fn connect(
         &self,
         device_addr: &[u8],
@@ -70,23 +73,9 @@ impl Connector {
         let to = parse_addr(device_addr, iface_addr)?;
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         for link in links.iter() {
-            let mut state = link.lock().unwrap_or_else(|p| p.into_inner());
-            if state.failed.is_some() {
-                continue;
-            }
-            match state.role.fits(&to) {
-                Fit::Yes => return Ok(link.clone()),
-                Fit::Impostor => {
-                    let e = UctError::Protocol(format!(
-                        "it claimed to be the iface at {to} with another cookie than the address the application has for that iface"
-                    ));
-                    log::warn!(
-                        "tcp: closing the connection from {}: {e}",
-                        state.conn.peer()
-                    );
-                    state.fail(e);
-                }
-                Fit::No => {}
+            let state = link.lock().unwrap_or_else(|p| p.into_inner());
+            if state.failed.is_none() && state.role.reaches(&to) {
+                return Ok(link.clone());
             }
         }
         let stream = dial(self.ip, to.sock, CONNECT_TIMEOUT)?;
@@ -221,7 +210,7 @@ impl TcpIface {
                         self.refused += 1;
                         if self.refused % 1000 == 1 {
                             log::warn!(
-                                "tcp {}: refusing {peer}: {} connections accepted and each said Hello (UCT_TCP_MAX_ACCEPTED); {} refused so far",
+                                "tcp {}: refusing {peer}: {} connections accepted, each said Hello and was active within UCT_TCP_PEER_TIMEOUT (raise UCT_TCP_MAX_ACCEPTED for more peers); {} refused so far",
                                 self.dev.name,
                                 self.settings.max_accepted,
                                 self.refused
@@ -255,38 +244,52 @@ impl TcpIface {
     }
 
     /// Whether another accepted link fits under UCT_TCP_MAX_ACCEPTED: there
-    /// is room, or the oldest link that has not said Hello was closed to
-    /// make room (a peer that said Hello is never pushed out by one that
-    /// has not).
+    /// is room, or a link was closed to make room: the oldest that has not
+    /// said Hello, else the one idle longest if it has been idle (taken in
+    /// no frame, and its peer taken none of its replies) for the peer
+    /// timeout. A link in use is never pushed out by a new one.
     fn make_room(&self) -> bool {
         let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         let mut count = 0;
-        let mut oldest: Option<(Instant, &Arc<Mutex<Link>>)> = None;
+        let mut unhello: Option<(Instant, &Arc<Mutex<Link>>)> = None;
+        let mut idle: Option<(Instant, &Arc<Mutex<Link>>)> = None;
         for link in links.iter() {
             let state = link.lock().unwrap_or_else(|p| p.into_inner());
-            if state.failed.is_some() || matches!(state.role, Role::Dialled(_)) {
+            if state.failed.is_some() || !state.role.peer_opened() {
                 continue;
             }
             count += 1;
-            if let Some(since) = state.awaiting_hello_since() {
-                if oldest.is_none_or(|(t, _)| since < t) {
-                    oldest = Some((since, link));
-                }
+            let (since, oldest) = match state.awaiting_hello_since() {
+                Some(since) => (since, &mut unhello),
+                None => (state.idle_since(), &mut idle),
+            };
+            if oldest.is_none_or(|(t, _)| since < t) {
+                *oldest = Some((since, link));
             }
         }
         if count < self.settings.max_accepted {
             return true;
         }
-        match oldest {
-            Some((_, link)) => {
-                link.lock().unwrap_or_else(|p| p.into_inner()).fail(UctError::Protocol(format!(
-                    "closed without a Hello to make room for a new connection (UCT_TCP_MAX_ACCEPTED={})",
-                    self.settings.max_accepted
-                )));
-                true
-            }
-            None => false,
-        }
+        let max = self.settings.max_accepted;
+        let peer_timeout = self.settings.timeouts.peer;
+        let (link, why) = match (unhello, idle) {
+            (Some((_, link)), _) => (
+                link,
+                format!("closed without a Hello to make room for a new connection (UCT_TCP_MAX_ACCEPTED={max})"),
+            ),
+            (None, Some((since, link))) if since.elapsed() >= peer_timeout => (
+                link,
+                format!(
+                    "closed after {:?} idle to make room for a new connection (UCT_TCP_MAX_ACCEPTED={max}, idle for UCT_TCP_PEER_TIMEOUT={peer_timeout:?})",
+                    since.elapsed()
+                ),
+            ),
+            _ => return false,
+        };
+        link.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .fail(UctError::Protocol(why));
+        true
     }
 }
 
@@ -328,11 +331,6 @@ impl Iface for TcpIface {
     }
 
     fn create_ep(&mut self, params: EpParams) -> Result<Box<dyn Endpoint>> {
-        // Take in connections (first pass) and their hellos (second) first:
-        // a peer that already connected to this iface is reached back over
-        // its link.
-        self.progress();
-        self.progress();
         let connector = self.connector();
         match params {
             EpParams::ToIface {

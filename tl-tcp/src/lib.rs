@@ -9,8 +9,9 @@
 //! are: `devices.rs` (network interfaces), `address.rs`, `conn.rs` (one
 //! socket), `dial.rs` (connecting from the iface's address), `link.rs`
 //! (one connection between two ifaces), `hello.rs` (who
-//! is on the other end of a link), `pending.rs` (the requests this side
-//! sent and their answers), `execute.rs` (the target's side of each
+//! is on the other end of a link), `outgoing.rs` (the frames a connection
+//! sends), `sockopt.rs` (its timeouts), `pending.rs` (the requests this
+//! side sent and their answers), `execute.rs` (the target's side of each
 //! request) and `wire.rs` (the frame format).
 //!
 //! `address` and `wire` are public so that tests and the adversary suite
@@ -27,7 +28,9 @@ mod hello;
 mod iface;
 mod link;
 mod md;
+mod outgoing;
 mod pending;
+mod sockopt;
 pub mod wire;
 
 pub use component::{TcpComponent, TCP_CONFIG};

@@ -1,22 +1,29 @@
-//! A link: one TCP connection between two tcp ifaces, used both ways.
-//! Either side's endpoints send requests on it (active messages, puts,
-//! gets, atomics, flushes) and get replies on it; either side executes the
-//! requests that arrive, checked against its region table. Sharing one
-//! connection per pair of ifaces lets replies and acknowledgements ride
-//! together, as in UCX.
+//! A link: one TCP connection between two tcp ifaces, used one way. The
+//! side that dialled it sends its requests on it (active messages, puts,
+//! gets, atomics, flushes) and gets their replies on it; the side that
+//! accepted it executes those requests, checked against its region table,
+//! and answers. A request on a link we dialled, or a reply on one we
+//! accepted, is a protocol error that closes the link: our own traffic for
+//! a peer never rides on a connection that peer opened, whose Hello proves
+//! nothing (`hello.rs`).
 //!
 //! What a peer can make a link cost is bounded: an accepted link must say
-//! Hello first (`hello.rs`) within the bootstrap timeout; one progress call
-//! handles at most [`FRAME_BUDGET`] frames and [`BYTE_BUDGET`] bytes of a
-//! link; the link stops executing the peer's requests while more than
-//! [`REPLY_QUEUE_LIMIT`] bytes of replies wait for the peer to read them
-//! (TCP's flow control then holds the peer back); a frame announcing more
-//! data than its kind may carry closes the link from its header on, so the
-//! receive buffer holds a chunk or one checked frame (`conn.rs`); the
-//! requests of this side are capped and a Nack is taken only for one of
-//! them (`pending.rs`).
+//! Hello first within the bootstrap timeout; one progress call handles at
+//! most [`FRAME_BUDGET`] frames and [`BYTE_BUDGET`] bytes of a link; a get's
+//! reply is read from its region a chunk at a time as the peer takes it
+//! (`outgoing.rs`), and the link stops executing the peer's requests (and
+//! reading its socket) while a reply is still being read from its region or
+//! more than [`REPLY_HELD`] bytes or [`MAX_REPLY_FRAMES`] frames of replies
+//! wait, so that a peer that does not read costs a chunk and a few replies
+//! per link, whatever it asks for (TCP's flow control then holds it back);
+//! a link whose peer takes nothing for the peer timeout is closed; a frame
+//! announcing more data than its kind may carry closes the link from its
+//! header on, so the receive buffer holds a chunk or one checked frame
+//! (`conn.rs`); the requests of this side are capped and a Nack is taken
+//! only for one of them, by the endpoint that sent it (`pending.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uct_core::region_table::RegionTable;
@@ -26,7 +33,7 @@ use crate::conn::{Conn, Payload};
 use crate::execute::{execute, table_key};
 use crate::hello::{check_hello, frame_name, Role};
 use crate::iface::{MAX_AM_ZCOPY, MAX_BCOPY, MAX_SHORT};
-use crate::pending::{PendingOp, Requests, MAX_GET_BYTES_IN_FLIGHT};
+use crate::pending::{PendingOp, Requests};
 use crate::wire::{Header, Parsed, WireError, WireKey};
 
 type Result<T, E = UctError> = std::result::Result<T, E>;
@@ -36,11 +43,14 @@ pub(crate) const FRAME_BUDGET: usize = 1024;
 /// Bytes of one link consumed by one progress call (a frame in progress is
 /// finished first).
 pub(crate) const BYTE_BUDGET: usize = 32 << 20;
-/// Replies waiting to be written above which the peer's requests wait: more
-/// than a well-behaved peer can cause (its gets in flight are capped at
-/// MAX_GET_BYTES_IN_FLIGHT, its other requests have small answers), so that
-/// two well-behaved peers never both stop reading.
-pub(crate) const REPLY_QUEUE_LIMIT: usize = MAX_GET_BYTES_IN_FLIGHT + (4 << 20);
+/// Bytes of replies waiting to be written above which the peer's requests
+/// wait. Pausing never stops a well-behaved peer for good: its replies come
+/// on the links it dialled, which it always reads, and this side's replies
+/// go on links this side accepted, which carry nothing else it waits for.
+pub(crate) const REPLY_HELD: usize = 64 * 1024;
+/// Reply frames waiting to be written above which the peer's requests wait
+/// (small replies cost more memory than their bytes).
+pub(crate) const MAX_REPLY_FRAMES: usize = 256;
 /// Connections of this process closed before their Hello, for the log.
 static UNAUTHENTICATED_CLOSED: AtomicU64 = AtomicU64::new(0);
 /// Most data an active message carries (am_short, am_bcopy, am_zcopy).
@@ -126,8 +136,14 @@ pub(crate) struct Link {
     last_probe: Instant,
     direct: Option<Direct>,
     /// Frames wait in the receive buffer (budget spent, or the peer's
-    /// requests paused): progress the link even if its socket is quiet.
+    /// requests paused with nothing left to write): progress the link even
+    /// if its socket is quiet.
     backlog: bool,
+    /// The peer's requests wait for its replies to be written: the socket
+    /// is polled for room to write, not for more requests.
+    paused: bool,
+    /// When the link last took in a frame.
+    last_frame: Instant,
 }
 
 impl Link {
@@ -144,6 +160,8 @@ impl Link {
             last_probe: now,
             direct: None,
             backlog: false,
+            paused: false,
+            last_frame: now,
         }
     }
 
@@ -165,9 +183,17 @@ impl Link {
         self.requests.forget_ep(ep);
     }
 
-    /// The next request id of endpoint `ep`.
-    pub(crate) fn next_req(&mut self, ep: u32) -> u64 {
-        self.requests.next_req(ep)
+    /// The next request id of endpoint `ep`; the caller sends that request
+    /// before the link numbers another. When endpoints taking turns have
+    /// left a long record of who sent what, a flush of the link's own goes
+    /// first, whose answer lets it forget the older part.
+    pub(crate) fn next_req(&mut self, ep: u32) -> Result<u64> {
+        if self.requests.needs_sync() {
+            let req = self.requests.add_sync();
+            self.conn
+                .send(&Header::Flush { req }, Payload::None, None)?;
+        }
+        Ok(self.requests.next_req(ep))
     }
 
     /// Whether a request (a get of `get_bytes`, or 0) may be sent now.
@@ -185,6 +211,12 @@ impl Link {
         self.direct.is_some() || self.backlog
     }
 
+    /// Since when the link has done nothing: taken in no frame, and the
+    /// peer taken nothing of what it queued.
+    pub(crate) fn idle_since(&self) -> Instant {
+        self.last_frame.max(self.conn.last_sent())
+    }
+
     /// When the link was accepted, while it has not said Hello.
     pub(crate) fn awaiting_hello_since(&self) -> Option<Instant> {
         match self.role {
@@ -194,11 +226,12 @@ impl Link {
     }
 
     /// Fails the link when a request has waited longer than the peer
-    /// timeout, or an accepted link has not said Hello within the bootstrap
-    /// timeout. Looked at a few times a second, not on every call.
+    /// timeout, the peer has taken nothing of what we queued for as long,
+    /// or an accepted link has not said Hello within the bootstrap timeout.
+    /// Looked at a few times a second, not on every call.
     fn check_timeout(&mut self) -> Result<()> {
         let awaiting = self.awaiting_hello_since();
-        if (self.requests.is_empty() && awaiting.is_none())
+        if (self.requests.is_empty() && awaiting.is_none() && !self.conn.wants_write())
             || self.last_check.elapsed() < CHECK_EVERY
         {
             return Ok(());
@@ -210,6 +243,16 @@ impl Link {
                     "tcp: {} connected and said no Hello within {:?} (UCT_BOOTSTRAP_TIMEOUT); closed",
                     self.conn.peer(),
                     self.timeouts.hello
+                )));
+            }
+        }
+        if let Some(stalled) = self.conn.stalled_for() {
+            if stalled > self.timeouts.peer {
+                return Err(UctError::EndpointFailed(format!(
+                    "tcp peer {} took none of the {} bytes queued for it for {:?} (UCT_TCP_PEER_TIMEOUT); it is stuck, or does not read; closed",
+                    self.peer(),
+                    self.conn.queued(),
+                    self.timeouts.peer
                 )));
             }
         }
@@ -271,9 +314,12 @@ impl Link {
         } else {
             0
         };
+        // Paused, the link reads nothing more until its replies are out
+        // (hang-ups and errors are reported whatever the events).
+        let inp = if self.paused { 0 } else { libc::POLLIN };
         Some(libc::pollfd {
             fd: self.conn.fd(),
-            events: libc::POLLIN | out,
+            events: inp | out,
             revents: 0,
         })
     }
@@ -290,7 +336,7 @@ impl Link {
     /// Writes, reads, executes requests and matches replies, within the
     /// budget of one call; active messages go to `ams`. A link that fails
     /// is marked failed and closed; a peer that sends nonsense is cut off.
-    pub(crate) fn progress(&mut self, table: &RegionTable, ams: &mut AmBatch) -> usize {
+    pub(crate) fn progress(&mut self, table: &Arc<RegionTable>, ams: &mut AmBatch) -> usize {
         if self.failed.is_some() {
             return 0;
         }
@@ -323,10 +369,11 @@ impl Link {
         }
     }
 
-    fn progress_inner(&mut self, table: &RegionTable, ams: &mut AmBatch) -> Result<usize> {
+    fn progress_inner(&mut self, table: &Arc<RegionTable>, ams: &mut AmBatch) -> Result<usize> {
         let mut frames = 0;
         let mut bytes = 0;
         self.backlog = false;
+        self.paused = false;
         'turn: loop {
             if self.direct.is_some() {
                 match self.direct_step(table, &mut bytes)? {
@@ -373,6 +420,9 @@ impl Link {
                     bytes += total;
                     continue;
                 }
+                if is_reply(header) == self.role.peer_opened() {
+                    return Err(UctError::Protocol(self.wrong_way(header)));
+                }
                 let limit = self.data_limit(header);
                 if data_len > limit {
                     return Err(UctError::Protocol(format!(
@@ -380,10 +430,11 @@ impl Link {
                         frame_name(header)
                     )));
                 }
-                if !is_reply(header) && self.conn.replies_queued() > REPLY_QUEUE_LIMIT {
-                    // The peer does not read its answers: its requests wait
-                    // (and, once the receive buffer is full, its socket).
-                    self.backlog = true;
+                if !is_reply(header) && self.replies_wait() {
+                    // The peer has not taken its answers yet: its requests
+                    // wait (and, once the receive buffer is full, its
+                    // socket).
+                    self.paused = true;
                     break 'turn;
                 }
                 match parsed {
@@ -433,8 +484,40 @@ impl Link {
             }
         }
         self.conn.write_out()?;
+        if self.paused && !self.conn.wants_write() {
+            // Nothing left to wait for: go on at the next call.
+            self.paused = false;
+            self.backlog = true;
+        }
+        if frames > 0 {
+            self.last_frame = Instant::now();
+        }
         self.check_timeout()?;
         Ok(frames)
+    }
+
+    /// Whether the peer's requests wait for their replies to be written: a
+    /// reply still reads its region (what follows must not change what it
+    /// reads), or too many wait.
+    fn replies_wait(&self) -> bool {
+        self.conn.reading_replies()
+            || self.conn.replies_queued() > REPLY_HELD
+            || self.conn.reply_frames() > MAX_REPLY_FRAMES
+    }
+
+    /// Why a frame cannot come this way on this link.
+    fn wrong_way(&self, header: &Header) -> String {
+        if self.role.peer_opened() {
+            format!(
+                "{} on a connection the peer opened: this side sends its requests only on connections it opens, so nothing there awaits an answer",
+                frame_name(header)
+            )
+        } else {
+            format!(
+                "{} on a connection this side opened: a peer sends its requests on a connection it opens",
+                frame_name(header)
+            )
+        }
     }
 
     /// Most data a frame of this kind may carry on this link: an active
@@ -457,7 +540,7 @@ impl Link {
     #[allow(clippy::too_many_arguments)]
     fn start_direct(
         &mut self,
-        table: &RegionTable,
+        table: &Arc<RegionTable>,
         req: u64,
         key: WireKey,
         addr: u64,
@@ -497,7 +580,7 @@ impl Link {
     /// Some(refusal): the put is complete.
     fn direct_step(
         &mut self,
-        table: &RegionTable,
+        table: &Arc<RegionTable>,
         bytes: &mut usize,
     ) -> Result<Option<Option<UctError>>> {
         let Some(put) = self.direct.as_mut() else {

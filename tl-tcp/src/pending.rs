@@ -3,11 +3,13 @@
 //! per-link sequence number below; the peer executes requests in order and
 //! answers in order, so a reply to request n means every request before n
 //! was executed and any refusal (Nack) of it has arrived. A Nack is taken
-//! only for a request that was sent and may still be refused; anything else
-//! a peer answers is a protocol error that closes the link. Gets in flight
-//! are capped, in number and in bytes.
+//! only for a request that was sent, by the endpoint the Nack names, and
+//! may still be refused; anything else a peer answers is a protocol error
+//! that closes the link. A get reply must carry exactly the bytes asked
+//! for, or that get fails. Gets in flight are capped, in number and in
+//! bytes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use uct_core::{Completion, CompletionData, MemHandle, UctError};
@@ -18,12 +20,14 @@ use crate::wire::Header;
 type Result<T, E = UctError> = std::result::Result<T, E>;
 
 /// Most bytes of gets in flight on one link (one get of any size is always
-/// allowed). A well-behaved peer thus never has more get replies to queue
-/// for us than this, which is what lets it stop executing the requests of a
-/// peer whose replies pile up (`link.rs`) without ever stopping ours.
+/// allowed).
 pub(crate) const MAX_GET_BYTES_IN_FLIGHT: usize = MAX_ZCOPY;
 /// Most requests awaiting a reply on one link.
 pub(crate) const MAX_PENDING: usize = 1 << 16;
+
+/// Runs of request owners (see `Requests::owners`) above which the link
+/// sends a flush of its own, whose answer lets it forget the older ones.
+const OWNER_RUNS_SYNC: usize = 4096;
 
 const SEQ_BITS: u32 = 40;
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
@@ -90,6 +94,14 @@ pub(crate) struct Requests {
     /// Refusals of requests without a reply of their own (put, add), by
     /// endpoint; returned by that endpoint's next flush.
     nacks: HashMap<u32, UctError>,
+    /// Which endpoint sent each request not yet known executed: runs of
+    /// consecutive sequence numbers as (first, endpoint), oldest first, so
+    /// that a Nack is taken only for the endpoint whose request it names.
+    /// Runs before the last answered request are dropped.
+    owners: VecDeque<(u64, u32)>,
+    /// The link's own flush that lets it forget old runs, while it waits
+    /// for its answer.
+    sync: Option<u64>,
 }
 
 impl Default for Requests {
@@ -102,6 +114,8 @@ impl Default for Requests {
             next_ep: 1,
             eps_wrapped: false,
             nacks: HashMap::new(),
+            owners: VecDeque::new(),
+            sync: None,
         }
     }
 }
@@ -129,7 +143,32 @@ impl Requests {
     pub(crate) fn next_req(&mut self, ep: u32) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
+        if self.owners.back().map(|&(_, owner)| owner) != Some(ep) {
+            self.owners.push_back((seq, ep));
+        }
         req_id(ep, seq)
+    }
+
+    /// Whether the link should send a flush of its own (endpoint 0, which
+    /// no Nack may name) before its next request: the runs of owners grew
+    /// long (endpoints taking turns with requests that have no reply) and
+    /// no such flush is on its way.
+    pub(crate) fn needs_sync(&self) -> bool {
+        self.sync.is_none() && self.owners.len() >= OWNER_RUNS_SYNC && self.has_room(0)
+    }
+
+    /// Numbers and records the link's own flush; the caller sends it.
+    pub(crate) fn add_sync(&mut self) -> u64 {
+        let req = self.next_req(0);
+        self.add(req, PendingOp::Flush { ep: 0, comp: None }, 0);
+        self.sync = Some(req);
+        req
+    }
+
+    /// The endpoint that sent request number `seq`, while it is recorded.
+    fn owner(&self, seq: u64) -> Option<u32> {
+        let after = self.owners.partition_point(|&(first, _)| first <= seq);
+        after.checked_sub(1).map(|i| self.owners[i].1)
     }
 
     /// Whether another request (a get of `get_bytes`, or 0) may be sent now;
@@ -174,26 +213,40 @@ impl Requests {
             pending.op.finish(Err(err.clone()));
         }
         self.get_bytes = 0;
+        self.owners.clear();
+        self.sync = None;
     }
 
-    fn take(&mut self, req: u64) -> Result<PendingOp> {
+    /// The request a reply answers, and the bytes it asked for (gets).
+    fn take(&mut self, req: u64) -> Result<(PendingOp, usize)> {
         let p = self
             .pending
             .remove(&req)
             .ok_or_else(|| UctError::Protocol(format!("reply to unknown request {req}")))?;
         self.get_bytes -= p.get_bytes;
         self.answered_seq = self.answered_seq.max(req_seq(req));
-        Ok(p.op)
+        if self.sync == Some(req) {
+            self.sync = None;
+        }
+        // Every request up to answered_seq was executed: no Nack may come
+        // for them, so their owners are forgotten (the last run stays, it
+        // may go on).
+        while self.owners.len() > 1 && self.owners[1].0 <= self.answered_seq + 1 {
+            self.owners.pop_front();
+        }
+        Ok((p.op, p.get_bytes))
     }
 
-    /// Whether a Nack of `req` may be true: the request was sent, not
-    /// answered otherwise, and no later request was answered yet.
+    /// Whether a Nack of `req` may be true: the request was sent, by the
+    /// endpoint it names, not answered otherwise, and no later request was
+    /// answered yet.
     fn nack_fits(&self, req: u64) -> bool {
         let (ep, seq) = (req_ep(req), req_seq(req));
         let ep_known = ep != 0 && ep <= EP_MAX && (self.eps_wrapped || ep < self.next_ep);
         ep_known
             && seq > self.answered_seq
             && seq < self.next_seq
+            && self.owner(seq) == Some(ep)
             && !self.pending.contains_key(&req)
     }
 
@@ -203,14 +256,18 @@ impl Requests {
         let mismatch = |what: &str| UctError::Protocol(format!("{what} reply to another request"));
         match header {
             Header::GetReply { req, error } => match self.take(req)? {
-                PendingOp::GetBytes(comp) => match error {
+                (PendingOp::GetBytes(comp), asked) => match error {
                     Some(e) => comp.finish(Err(e.into())),
+                    None if data.len() != asked => comp.finish(Err(UctError::Protocol(format!(
+                        "get reply has {} bytes, {asked} asked for",
+                        data.len()
+                    )))),
                     None => {
                         comp.set_data(CompletionData::Bytes(data));
                         comp.finish(Ok(()));
                     }
                 },
-                PendingOp::GetIov(iov, comp) => {
+                (PendingOp::GetIov(iov, comp), _) => {
                     let result = match error {
                         Some(e) => Err(e.into()),
                         None => scatter(&iov, &data),
@@ -219,12 +276,12 @@ impl Requests {
                         comp.finish(result);
                     }
                 }
-                other => {
+                (other, _) => {
                     other.finish(Err(mismatch("get")));
                     return Err(mismatch("get"));
                 }
             },
-            Header::AtomicReply { req, old, error } => match self.take(req)? {
+            Header::AtomicReply { req, old, error } => match self.take(req)?.0 {
                 PendingOp::Atomic(comp) => match error {
                     Some(e) => comp.finish(Err(e.into())),
                     None => {
@@ -237,7 +294,7 @@ impl Requests {
                     return Err(mismatch("atomic"));
                 }
             },
-            Header::FlushReply { req } => match self.take(req)? {
+            Header::FlushReply { req } => match self.take(req)?.0 {
                 PendingOp::Flush { ep, comp } => {
                     let result = match self.nacks.remove(&ep) {
                         Some(e) => Err(e),
@@ -447,6 +504,30 @@ mod tests {
         let (f, comp) = flush(&mut r, a);
         r.on_reply(Header::FlushReply { req: f }, vec![]).unwrap();
         assert_eq!(comp.result(), Err(UctError::BadSecret));
+    }
+
+    #[test]
+    fn owners_of_endpoints_taking_turns_stay_bounded_through_the_links_own_flush() {
+        let mut r = Requests::default();
+        let (a, b) = (r.new_ep_id(), r.new_ep_id());
+        let mut synced = 0;
+        for i in 0..20_000 {
+            if r.needs_sync() {
+                let f = r.add_sync();
+                // A Nack never names the link's own flush (endpoint 0).
+                assert!(r.on_reply(nack(f), vec![]).is_err());
+                r.on_reply(Header::FlushReply { req: f }, vec![]).unwrap();
+                synced += 1;
+            }
+            r.next_req(if i % 2 == 0 { a } else { b });
+        }
+        assert!(synced >= 4, "{synced} syncs");
+        assert!(r.owners.len() <= OWNER_RUNS_SYNC, "{} runs", r.owners.len());
+        assert!(r.is_empty());
+        // The last requests can still be refused, each for its own endpoint.
+        let put = r.next_req(a);
+        assert!(r.on_reply(nack(req_id(b, req_seq(put))), vec![]).is_err());
+        r.on_reply(nack(put), vec![]).unwrap();
     }
 
     #[test]

@@ -142,6 +142,87 @@ fn many_links_flooding_gets_are_bounded_in_all() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Waits up to `limit` for the victim's open descriptors to fall to `fds`.
+fn fds_fall_to(victim: &Victim, fds: usize, limit: Duration) -> usize {
+    let t0 = Instant::now();
+    while victim.fds() > fds && t0.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    victim.fds()
+}
+
+/// A peer that asks for replies and never reads them keeps its link only
+/// for UCT_TCP_PEER_TIMEOUT: then the victim closes it (and frees what it
+/// held for it). The link's own check does it; on Linux since 5.x the
+/// kernel's TCP_USER_TIMEOUT also ends zero-window probing, so this passes
+/// without the link's check there too: a guard, not a proof.
+fn a_link_whose_peer_reads_nothing_is_closed_after_the_peer_timeout() -> Result<(), Failed> {
+    let victim = Victim::spawn(&[("UCT_TCP_PEER_TIMEOUT", "1s")]);
+    let key = common::wire_key(&victim.rkey);
+    let fds0 = victim.fds();
+    let mut s = connect(victim.peer().socket_addr());
+    let mut bytes = honest_hello(victim.peer());
+    let half = (VICTIM_REGION / 2) as u64;
+    for req in 0..64u64 {
+        let get = Header::Get {
+            req,
+            key,
+            addr: victim.addr + half,
+            len: half,
+        };
+        bytes.extend(frame(&get, &[]));
+    }
+    let _ = write_all(&mut s, &bytes, Duration::from_secs(1), || {});
+    let t0 = Instant::now();
+    while victim.fds() <= fds0 && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    ensure(victim.fds() > fds0, || {
+        "the victim did not take the link in".into()
+    })?;
+    // Never read: the victim's replies stall in the socket.
+    let fds = fds_fall_to(&victim, fds0, Duration::from_secs(5));
+    println!("the victim holds {fds} fds, {fds0} before the link");
+    ensure(fds <= fds0, || {
+        "a link whose peer read none of 32 MiB of replies outlived UCT_TCP_PEER_TIMEOUT=1s by 4 s"
+            .into()
+    })
+}
+
+/// At UCT_TCP_MAX_ACCEPTED, a link that said Hello and then nothing for
+/// UCT_TCP_PEER_TIMEOUT gives way to a new peer: links that said Hello do
+/// not keep the others out for good.
+fn at_the_cap_an_idle_link_gives_way_to_a_new_peer() -> Result<(), Failed> {
+    let victim = Victim::spawn(&[
+        ("UCT_TCP_MAX_ACCEPTED", "4"),
+        ("UCT_TCP_PEER_TIMEOUT", "1s"),
+    ]);
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        let mut s = connect(victim.peer().socket_addr());
+        ensure(
+            write_all(
+                &mut s,
+                &honest_hello(victim.peer()),
+                Duration::from_secs(5),
+                || {},
+            ),
+            || "the victim did not take a Hello".into(),
+        )?;
+        idle.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    victim
+        .legit_transfer(11)
+        .map_err(|e| format!("a new peer at the cap of 4 idle links: {e}"))?;
+    let mut closed = 0;
+    for s in idle.iter_mut() {
+        closed += usize::from(closed_within(s, Duration::from_millis(10), || {}));
+    }
+    println!("idle links closed to make room: {closed}");
+    ensure(closed >= 1, || "no idle link was closed".into())
+}
+
 /// A fake peer: a listener with an iface address, and the link the iface
 /// under test opens to it.
 struct FakePeer {
@@ -518,6 +599,14 @@ fn main() {
             a_silent_link_is_closed_after_the_bootstrap_timeout,
         ),
         Trial::test("accepted_links_are_capped", accepted_links_are_capped),
+        Trial::test(
+            "a_link_whose_peer_reads_nothing_is_closed_after_the_peer_timeout",
+            a_link_whose_peer_reads_nothing_is_closed_after_the_peer_timeout,
+        ),
+        Trial::test(
+            "at_the_cap_an_idle_link_gives_way_to_a_new_peer",
+            at_the_cap_an_idle_link_gives_way_to_a_new_peer,
+        ),
         Trial::test(
             "junk_connections_cost_a_peer_nothing",
             junk_connections_cost_a_peer_nothing,

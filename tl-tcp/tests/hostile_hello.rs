@@ -272,3 +272,58 @@ fn a_hello_without_the_cookie_of_the_iface_it_reached_closes_the_link() {
     );
     assert!(closed, "a Hello with the wrong cookie was accepted");
 }
+
+/// Each link carries requests one way only: the side that opened it asks,
+/// the other answers. A request on a link the iface opened, or an answer on
+/// one a peer opened, closes the link.
+#[test]
+fn a_frame_the_wrong_way_closes_the_link() {
+    let mut victim = open();
+    let got = counter(victim.as_mut(), 5);
+    let v = Peer::of_iface(victim.as_ref());
+    // An answer on a link the stranger opened: the victim asked nothing.
+    let mut s = connect(v.socket_addr());
+    let mut bytes = honest_hello(v);
+    bytes.extend(frame(&Header::FlushReply { req: 1 }, &[]));
+    assert!(common::write_all(
+        &mut s,
+        &bytes,
+        Duration::from_secs(5),
+        || {}
+    ));
+    assert!(
+        closed_within(&mut s, Duration::from_secs(2), || {
+            victim.progress();
+        }),
+        "a reply on a link the peer opened was taken"
+    );
+
+    // A request on a link the victim opened to a (fake) peer.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let fake = Peer {
+        ip: loopback_ip(),
+        port: listener.local_addr().unwrap().port(),
+        cookie: 0xfa4e,
+    };
+    let _ep = victim
+        .create_ep(EpParams::ToIface {
+            device_addr: fake.ip.to_vec(),
+            iface_addr: fake.iface_address(),
+        })
+        .unwrap();
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_nonblocking(true).unwrap();
+    assert!(common::write_all(
+        &mut s,
+        &frame(&Header::Am { id: 5 }, b"on the victim's own link"),
+        Duration::from_secs(5),
+        || {}
+    ));
+    assert!(
+        closed_within(&mut s, Duration::from_secs(2), || {
+            victim.progress();
+        }),
+        "a request on a link the victim opened was taken"
+    );
+    assert_eq!(got.load(Ordering::SeqCst), 0, "the message was delivered");
+}

@@ -3,16 +3,20 @@
 //! only: forged Hellos, a get flood, a nack flood, a connection flood and
 //! random frames (each described at its function).
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+mod raw;
+
+use std::io::ErrorKind;
+use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use tl_tcp::address::{iface_addr, ip_bytes, parse_addr, PeerAddr};
-use tl_tcp::wire::{encode, parse, Header, Parsed, WireAtomic, WireError, WireKey};
-use uct_core::region_table::SoftRkey;
-use uct_core::Registry;
+use tl_tcp::address::{iface_addr, ip_bytes, parse_addr};
+use tl_tcp::wire::{Header, WireAtomic, WireError, WireKey};
 
 use super::{common, control, Attack, Outcome, Target};
+use raw::{
+    connect, frame, hello_from, honest_hello, peak_rss_kib, read_for, victim, wire_key, write_all,
+    Rng, Wrote,
+};
 
 /// The tcp attacks, in the order the suite runs them.
 pub fn attacks() -> Vec<Attack> {
@@ -30,210 +34,44 @@ pub fn attacks() -> Vec<Attack> {
     ]
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn seeded() -> Rng {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1);
-        Rng(t | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
-/// The victim's iface, on the loopback only (no attack leaves the host).
-fn victim(t: &Target) -> Result<PeerAddr, String> {
-    let v = parse_addr(&t.device_addr, &t.iface_addr)
-        .map_err(|e| format!("the target's tcp address: {e}"))?;
-    if !v.sock.ip().is_loopback() {
-        return Err(format!(
-            "the victim listens on {}, not on the loopback; tcp attacks run on lo only",
-            v.sock
-        ));
-    }
-    Ok(v)
-}
-
-fn frame(header: &Header, data: &[u8]) -> Vec<u8> {
-    let mut f = encode(header, data.len()).unwrap_or_default();
-    f.extend_from_slice(data);
-    f
-}
-
-/// A Hello from a made-up iface of this process at `port`, with `cookie`,
-/// echoing `echo`.
-fn hello_from(port: u16, cookie: u64, echo: u64) -> Vec<u8> {
-    let addr = ip_bytes(std::net::Ipv4Addr::LOCALHOST.into());
-    let hello = Header::Hello {
-        addr,
-        port,
-        cookie,
-        echo,
-    };
-    frame(&hello, &[])
-}
-
-/// The Hello of a peer that got the victim's address as a peer does.
-fn honest_hello(v: &PeerAddr, rng: &mut Rng) -> Vec<u8> {
-    hello_from(1 + (rng.next() % 60_000) as u16, rng.next(), v.cookie)
-}
-
-fn connect(to: SocketAddr) -> Result<TcpStream, String> {
-    let s = TcpStream::connect_timeout(&to, Duration::from_secs(5))
-        .map_err(|e| format!("connect to the victim at {to}: {e}"))?;
-    s.set_nonblocking(true)
-        .map_err(|e| format!("set non-blocking: {e}"))?;
-    Ok(s)
-}
-
-/// How a write ended: all written, the socket took nothing for the whole
-/// limit (the peer stopped reading), or the peer closed the connection.
-#[derive(Debug, PartialEq, Eq)]
-enum Wrote {
-    All,
-    Stalled,
-    Closed,
-}
-
-/// Writes `bytes`, waiting while the socket is full, for at most `limit`
-/// without progress.
-fn write_all(s: &mut TcpStream, bytes: &[u8], limit: Duration) -> Wrote {
-    let mut at = 0;
-    let mut since = Instant::now();
-    while at < bytes.len() {
-        match s.write(&bytes[at..]) {
-            Ok(0) => return Wrote::Closed,
-            Ok(n) => {
-                at += n;
-                since = Instant::now();
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                if since.elapsed() > limit {
-                    return Wrote::Stalled;
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => return Wrote::Closed,
-        }
-    }
-    Wrote::All
-}
-
-/// What came back on a raw socket within a time.
-#[derive(Debug, Default)]
-struct Received {
-    frames: Vec<Header>,
-    bytes: usize,
-    closed: bool,
-}
-
-/// Reads for up to `limit`, or until the peer closes, or (with `until`)
-/// until a frame satisfies it; `turn` runs between reads.
-fn read_for(
-    s: &mut TcpStream,
-    limit: Duration,
-    mut until: impl FnMut(&Header) -> bool,
-    mut turn: impl FnMut(),
-) -> Received {
-    let mut got = Received::default();
-    let mut buf = Vec::new();
-    let mut chunk = vec![0u8; 64 << 10];
-    let t0 = Instant::now();
-    while t0.elapsed() < limit {
-        turn();
-        match s.read(&mut chunk) {
-            Ok(0) => {
-                got.closed = true;
-                break;
-            }
-            Ok(n) => {
-                got.bytes += n;
-                buf.extend_from_slice(&chunk[..n]);
-                let mut done = false;
-                while let Ok(Parsed::Frame { header, total, .. }) = parse(&buf, usize::MAX) {
-                    buf.drain(..total);
-                    done |= until(&header);
-                    got.frames.push(header);
-                }
-                if done {
-                    break;
-                }
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => {
-                got.closed = true;
-                break;
-            }
-        }
-    }
-    got
-}
-
-/// The part of a packed rkey that goes on the wire.
-fn wire_key(packed: &[u8]) -> Result<WireKey, String> {
-    let rkey = Registry::global()
-        .unpack_rkey(packed, "tcp")
-        .map_err(|e| format!("unpack the target's rkey: {e}"))?;
-    let soft = rkey
-        .downcast::<SoftRkey>("tcp")
-        .map_err(|e| format!("the target's rkey: {e}"))?;
-    Ok(WireKey {
-        region_id: soft.region_id,
-        secret: soft.secret,
-    })
-}
-
-/// The victim's peak RSS (VmHWM) in KiB.
-fn peak_rss_kib(pid: u32) -> Result<u64, String> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|e| format!("read the victim's /proc/{pid}/status: {e}"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .ok_or_else(|| format!("no VmHWM in /proc/{pid}/status"))
-}
-
 /// Claims to be another iface P (one of ours, whose real address the
-/// victim is then given) from raw connections: with the victim's cookie
-/// echoed but a wrong cookie for P, with a wrong echo, with neither. When
-/// the victim's application connects to P, none of them may receive a
-/// byte, and each must be closed; the real P gets the message.
+/// victim is then given) from raw connections: with P's own cookie (public
+/// in P's address) and the victim's echoed, a Hello word for word P's; with
+/// the victim's cookie echoed but a wrong cookie for P; with a wrong echo;
+/// with neither. When the victim's application connects to P, none of them
+/// may receive a byte; those with a wrong echo must be closed; those with
+/// the right one cannot be told from a peer and may stay, unused (the
+/// victim sends to P only on a connection it opens to P's address).
 fn forged_hello(t: &Target) -> Result<Outcome, String> {
     let v = victim(t)?;
     let mut p_iface = common::open_iface("tcp").map_err(|e| common::named(&e))?;
     let p = parse_addr(&p_iface.device_address(), &p_iface.iface_address())
         .map_err(|e| e.to_string())?;
     let mut rng = Rng::seeded();
+    // (what, P's cookie claimed, echo, whether the victim must close it)
     let forgeries = [
+        (
+            "P's address, P's own cookie, the victim's cookie echoed",
+            p.cookie,
+            v.cookie,
+            false,
+        ),
         (
             "P's address, a wrong cookie, the victim's cookie echoed",
             rng.next(),
             v.cookie,
+            false,
         ),
         (
             "P's address, P's cookie, a wrong echo",
             p.cookie,
-            v.cookie ^ rng.next(),
+            v.cookie ^ (rng.next() | 1),
+            true,
         ),
-        ("P's address, no cookie, no echo", 0, 0),
+        ("P's address, no cookie, no echo", 0, 0, true),
     ];
     let mut forgers = Vec::new();
-    for (what, cookie, echo) in forgeries {
+    for (what, cookie, echo, must_close) in forgeries {
         let mut s = connect(v.sock)?;
         if write_all(
             &mut s,
@@ -243,7 +81,7 @@ fn forged_hello(t: &Target) -> Result<Outcome, String> {
         {
             return Err(format!("could not send the forged Hello ({what})"));
         }
-        forgers.push((what, s));
+        forgers.push((what, s, must_close));
     }
     // Let the victim take them in before its application connects to P.
     std::thread::sleep(Duration::from_millis(300));
@@ -265,7 +103,8 @@ fn forged_hello(t: &Target) -> Result<Outcome, String> {
         }
     }
     let mut open = Vec::new();
-    for (what, s) in forgers.iter_mut() {
+    let mut unused = Vec::new();
+    for (what, s, must_close) in forgers.iter_mut() {
         let turn = || _ = p_iface.progress();
         let r = read_for(s, Duration::from_secs(2), |_| false, turn);
         if r.bytes > 0 {
@@ -274,18 +113,27 @@ fn forged_hello(t: &Target) -> Result<Outcome, String> {
                 r.bytes, r.frames
             )));
         }
-        if !r.closed {
-            open.push(*what);
+        match (r.closed, *must_close) {
+            (false, true) => open.push(*what),
+            (false, false) => unused.push(*what),
+            (true, _) => {}
         }
     }
     if !open.is_empty() {
         return Ok(Outcome::Breach(format!(
-            "the victim kept links that claimed to be P without proving it: {}",
+            "the victim kept links whose Hello did not echo its cookie: {}",
             open.join("; ")
         )));
     }
     eprintln!("tcp/forged-hello: the victim's connect to P answered {answer:?}");
-    Ok(Outcome::Closed)
+    if unused.is_empty() {
+        return Ok(Outcome::Closed);
+    }
+    Ok(Outcome::Refused(format!(
+        "NotUsed: the victim sent nothing for P on the {} links that claimed to be P with its cookie echoed ({}); it sends to P only on a connection it opens to P's address; the others were closed",
+        unused.len(),
+        unused.join("; ")
+    )))
 }
 
 /// How many gets of half the read-write region the flood sends at most.
@@ -295,15 +143,39 @@ const STALL: Duration = Duration::from_secs(3);
 /// Growth of the victim's peak RSS that the get flood tolerates.
 const FLOOD_RSS_BOUND_MIB: u64 = 128;
 
-/// Gets of half the read-write region (2 GiB asked for in all) that are
-/// never read: the victim must stop executing them once their replies pile
-/// up (and so stop reading), and its peak RSS must stay bounded.
+/// Links of the get flood besides the one that floods until it stalls.
+const FLOOD_LINKS: usize = 32;
+/// Gets each of those links sends at once.
+const GETS_PER_LINK: u64 = 256;
+
+/// Gets of half the read-write region that are never read, on many links
+/// that each said Hello (2 GiB asked for on the main one, as much again on
+/// each other): the victim must stop executing them once their replies
+/// wait (and so stop reading), and its peak RSS must stay bounded in all,
+/// not per link.
 fn get_flood(t: &Target) -> Result<Outcome, String> {
     let v = victim(t)?;
     let key = wire_key(&t.rw.rkey)?;
     let half = (t.rw.len / 2) as u64;
     let before = peak_rss_kib(t.pid)?;
     let mut rng = Rng::seeded();
+    let mut links = Vec::new();
+    for _ in 0..FLOOD_LINKS {
+        let mut s = connect(v.sock)?;
+        let mut bytes = honest_hello(&v, &mut rng);
+        for req in 0..GETS_PER_LINK {
+            let get = Header::Get {
+                req,
+                key,
+                addr: t.rw.addr + half,
+                len: half,
+            };
+            bytes.extend(frame(&get, &[]));
+        }
+        // A link the victim stopped reading is what the flood wants.
+        let _ = write_all(&mut s, &bytes, Duration::from_millis(200));
+        links.push(s);
+    }
     let mut s = connect(v.sock)?;
     if write_all(&mut s, &honest_hello(&v, &mut rng), STALL) != Wrote::All {
         return Ok(Outcome::Closed);
@@ -326,19 +198,20 @@ fn get_flood(t: &Target) -> Result<Outcome, String> {
     // What it took in, it may still be executing.
     std::thread::sleep(Duration::from_secs(1));
     let grew = peak_rss_kib(t.pid)?.saturating_sub(before) / 1024;
-    let asked = sent * half / (1 << 20);
+    let asked = (sent + FLOOD_LINKS as u64 * GETS_PER_LINK) * half / (1 << 20);
+    drop(links);
     if grew >= FLOOD_RSS_BOUND_MIB {
         return Ok(Outcome::Breach(format!(
-            "the victim's peak RSS grew {grew} MiB for {sent} gets ({asked} MiB asked for, never read)"
+            "the victim's peak RSS grew {grew} MiB for {sent} gets and {GETS_PER_LINK} on each of {FLOOD_LINKS} more links ({asked} MiB asked for, never read)"
         )));
     }
     Ok(match ended {
         Wrote::Closed => Outcome::Closed,
         Wrote::Stalled => Outcome::Refused(format!(
-            "Paused: the victim stopped reading after {sent} gets ({asked} MiB asked for, replies unread); its peak RSS grew {grew} MiB"
+            "Paused: the victim stopped reading after {sent} gets, and {GETS_PER_LINK} on each of {FLOOD_LINKS} more links ({asked} MiB asked for, replies unread); its peak RSS grew {grew} MiB"
         )),
         Wrote::All => Outcome::Refused(format!(
-            "Paused: the victim took all {sent} gets ({asked} MiB asked for, replies unread) and its peak RSS grew only {grew} MiB"
+            "Paused: the victim took all {sent} gets, and {GETS_PER_LINK} on each of {FLOOD_LINKS} more links ({asked} MiB asked for, replies unread), and its peak RSS grew only {grew} MiB"
         )),
     })
 }
@@ -646,6 +519,7 @@ fn random_frames(t: &Target) -> Result<Outcome, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tl_tcp::wire::{parse, Parsed};
 
     #[test]
     fn random_requests_are_well_formed_frames() {

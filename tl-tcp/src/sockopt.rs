@@ -1,0 +1,76 @@
+//! Socket options of a connection: how long a silent or unacknowledging
+//! peer is tolerated before the kernel reports the connection failed.
+
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use uct_core::UctError;
+
+fn setsockopt(
+    stream: &TcpStream,
+    level: i32,
+    name: i32,
+    value: i32,
+    what: &str,
+) -> Result<(), UctError> {
+    // SAFETY: the fd is a live socket owned by `stream`; the option value is
+    // an int of the size passed.
+    let status = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            level,
+            name,
+            &value as *const i32 as *const libc::c_void,
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if status != 0 {
+        return Err(UctError::io(
+            format!("tcp: set {what}"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// Sets TCP_USER_TIMEOUT and keepalive from the peer timeout `t`.
+pub(crate) fn set_peer_timeout(stream: &TcpStream, t: Duration) -> Result<(), UctError> {
+    let ms = t.as_millis().clamp(1, i32::MAX as u128) as i32;
+    let idle = (t.as_secs() / 3).clamp(1, 3600) as i32;
+    setsockopt(
+        stream,
+        libc::IPPROTO_TCP,
+        libc::TCP_USER_TIMEOUT,
+        ms,
+        "TCP_USER_TIMEOUT",
+    )?;
+    setsockopt(
+        stream,
+        libc::SOL_SOCKET,
+        libc::SO_KEEPALIVE,
+        1,
+        "SO_KEEPALIVE",
+    )?;
+    setsockopt(
+        stream,
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPIDLE,
+        idle,
+        "TCP_KEEPIDLE",
+    )?;
+    setsockopt(
+        stream,
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPINTVL,
+        1,
+        "TCP_KEEPINTVL",
+    )?;
+    setsockopt(
+        stream,
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPCNT,
+        3,
+        "TCP_KEEPCNT",
+    )
+}
