@@ -35,7 +35,7 @@ pub const IB_CONFIG: &[ConfigVar] = &[
         name: "UCT_RC_PEER_TIMEOUT",
         default: "10s",
         kind: ConfigKind::Duration,
-        doc: "An rc endpoint whose peer shows no sign of life for this long fails: with operations outstanding and no work completion, or when a keepalive (a zero-length RDMA write, sent after half of it without a completion) gets no answer within the other half. Bytes posted ahead of the completion waited for extend it by their time at 32 MiB/s. Values under 100ms are raised to 100ms. Some NICs, rxe among them, never time out such a QP themselves.",
+        doc: "An rc endpoint whose peer shows no sign of life for this long fails: with operations outstanding and no work completion, or when a keepalive (a zero-length RDMA write, sent after half of it without a completion) gets no answer within the other half. Bytes posted ahead of the completion waited for extend it by their time at 64 MiB/s. Values under 100ms are raised to 100ms. Some NICs, rxe among them, never time out such a QP themselves.",
     },
     ConfigVar {
         name: "UCT_RC_RX_QUEUE_LEN",

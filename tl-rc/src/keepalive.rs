@@ -26,15 +26,16 @@
 use std::time::{Duration, Instant};
 
 /// The slowest link a live peer is assumed to have, in bytes per second
-/// (32 MiB/s: well below any RDMA NIC, and below rxe in an emulated VM,
-/// which moves some 300 MB/s): bytes posted ahead of the completion (or
-/// keepalive) waited for extend the wait by the time they take at this
-/// rate, so a keepalive queued behind our own large puts is not taken as
-/// unanswered. The price: a peer that dies with 1 GiB ahead of the
-/// completion waited for is found 32 s later than one with nothing ahead.
-/// rc signals zero-copy posts of 1 MiB or more, so only the bytes up to
-/// the first of them count.
-pub const FLOOR_BANDWIDTH: u64 = 32 << 20;
+/// (64 MiB/s: below 1 GbE RoCE, any faster RDMA NIC, and rxe in an
+/// emulated VM, which moves some 300 MB/s): bytes posted ahead of the
+/// completion (or keepalive) waited for extend the wait by the time they
+/// take at this rate, so a keepalive queued behind our own large puts is
+/// not taken as unanswered. The price: a peer that dies with 1 GiB ahead
+/// of the completion waited for is found 16 s later than one with nothing
+/// ahead. rc signals zero-copy posts of 1 MiB or more, so only the bytes
+/// up to the first of them count. Slower links need a longer
+/// UCT_RC_PEER_TIMEOUT.
+pub const FLOOR_BANDWIDTH: u64 = 64 << 20;
 
 /// What the tracker says about the send queue, for [`Liveness::tick`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
