@@ -519,3 +519,37 @@ impl IbMd {
         Ok(mr?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::fakes::{busy, fake_mr, fake_pd};
+
+    /// Finding 12.7 through IbBacking, what a memory handle drops: with a
+    /// failing ibv_dereg_mr, the allocation the MR covers stays mapped
+    /// (without IbBacking's Drop, the field would be freed after the MR).
+    #[test]
+    fn a_backing_whose_dereg_fails_keeps_its_memory_mapped() {
+        let len = 4 << 20;
+        let mem = HostAlloc::new(len).expect("alloc");
+        let addr = mem.as_ptr();
+        let pd = fake_pd();
+        // SAFETY: a fake MR of a fake PD, deregistered by `busy` only.
+        let mr = unsafe { Mr::wrap(fake_mr(), &pd, busy) };
+        drop(IbBacking {
+            mr,
+            _alloc: Some(mem),
+            _owner: None,
+        });
+        let mut pages = vec![0u8; len / 4096];
+        // SAFETY: mincore only reports on the range; it writes `pages`,
+        // which has one byte per page of it.
+        let r = unsafe { libc::mincore(addr.cast(), len, pages.as_mut_ptr()) };
+        assert_eq!(
+            r,
+            0,
+            "the memory under an MR the NIC kept was unmapped: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}

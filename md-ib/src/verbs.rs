@@ -226,7 +226,7 @@ impl Mr {
     /// # Safety
     /// `ptr` is a live MR of `pd`, owned by nobody else, that `dereg`
     /// deregisters.
-    unsafe fn wrap(ptr: NonNull<ibv_mr>, pd: &Arc<Pd>, dereg: Dereg) -> Mr {
+    pub(crate) unsafe fn wrap(ptr: NonNull<ibv_mr>, pd: &Arc<Pd>, dereg: Dereg) -> Mr {
         // SAFETY: by the contract `ptr` is a live MR.
         let (lkey, rkey) = unsafe { ((*ptr.as_ptr()).lkey, (*ptr.as_ptr()).rkey) };
         Mr {
@@ -305,14 +305,14 @@ fn release<T>(what: &str, dereg: impl FnOnce() -> libc::c_int, covers: T) -> boo
     false
 }
 
+/// Fake verbs objects for host tests of what owns what (no NIC here).
 #[cfg(test)]
-mod tests {
+pub(crate) mod fakes {
     use super::*;
-    use uct_core::host_alloc::HostAlloc;
 
     /// A protection domain that is never used: its pointers dangle, so it
     /// must never be dropped (the tests forget a reference to it).
-    fn fake_pd() -> Arc<Pd> {
+    pub(crate) fn fake_pd() -> Arc<Pd> {
         let ctx = Arc::new(Context {
             ptr: NonNull::dangling(),
             name: "fake0".into(),
@@ -326,7 +326,7 @@ mod tests {
     }
 
     /// An ibv_mr with keys 7 and 9, on the heap (a test's dereg frees it).
-    fn fake_mr() -> NonNull<ibv_mr> {
+    pub(crate) fn fake_mr() -> NonNull<ibv_mr> {
         // SAFETY: ibv_mr is plain C data: all zeroes is a valid value.
         let mut mr: Box<ibv_mr> = Box::new(unsafe { std::mem::zeroed() });
         mr.lkey = 7;
@@ -335,9 +335,16 @@ mod tests {
     }
 
     /// A dereg that fails as a NIC that keeps the registration does.
-    unsafe fn busy(_: *mut ibv_mr) -> libc::c_int {
+    pub(crate) unsafe fn busy(_: *mut ibv_mr) -> libc::c_int {
         libc::EBUSY
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fakes::{busy, fake_mr, fake_pd};
+    use super::*;
+    use uct_core::host_alloc::HostAlloc;
 
     /// A dereg that succeeds, and scribbles over the freed MR the way a
     /// reuse of its memory would.
