@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use posix_support::{open_posix, role, run_child};
+use posix_support::{connect_to, connect_to_self, counter, open_posix, role, run_child};
 use tl_sm::posix::fifo::{self, layout};
 use tl_sm::posix::RingAddress;
 use tl_sm::segment::HEADER_SPACE;
@@ -70,25 +70,21 @@ impl Drop for RawRing {
     }
 }
 
-fn counter(iface: &mut dyn Iface, id: u8) -> Arc<AtomicUsize> {
-    let n = Arc::new(AtomicUsize::new(0));
-    let c = n.clone();
-    iface
-        .set_am_handler(
-            id,
-            Box::new(move |_| {
-                c.fetch_add(1, Ordering::SeqCst);
-            }),
-        )
-        .unwrap();
-    n
-}
-
-fn connect(iface: &mut dyn Iface) -> uct_core::Result<Box<dyn Endpoint>> {
-    iface.create_ep(EpParams::ToIface {
-        device_addr: iface.device_address(),
-        iface_addr: iface.iface_address(),
-    })
+/// An iface with an endpoint to itself that has delivered one message
+/// with `id` (`data`): the iface, the count of its messages with `id`, the
+/// endpoint and the iface's ring mapped as a co-sender maps it.
+fn one_delivered(
+    id: u8,
+    data: &[u8],
+) -> (Box<dyn Iface>, Arc<AtomicUsize>, Box<dyn Endpoint>, RawRing) {
+    let (_md, mut iface) = open_posix();
+    let got = counter(iface.as_mut(), id);
+    let mut ep = connect_to_self(iface.as_mut()).expect("endpoint");
+    assert_eq!(ep.am_short(id, 0, data).unwrap(), Status::Done);
+    assert!(wait_for(iface.as_mut(), &got, 1, Duration::from_secs(5)));
+    let addr = RingAddress::decode(&iface.iface_address()).unwrap();
+    let ring = RawRing::open(addr.fd);
+    (iface, got, ep, ring)
 }
 
 /// Progresses `iface` until `got` counts `want`, at most `deadline`.
@@ -128,13 +124,7 @@ fn stuck_slot_child() {
     if role().as_deref() != Some("stuck-slot") {
         return;
     }
-    let (_md, mut iface) = open_posix();
-    let got = counter(iface.as_mut(), 1);
-    let mut ep = connect(iface.as_mut()).expect("endpoint");
-    assert_eq!(ep.am_short(1, 0, b"before").unwrap(), Status::Done);
-    assert!(wait_for(iface.as_mut(), &got, 1, Duration::from_secs(5)));
-    let addr = RingAddress::decode(&iface.iface_address()).unwrap();
-    let ring = RawRing::open(addr.fd);
+    let (mut iface, got, mut ep, ring) = one_delivered(1, b"before");
     ring.word(HEADER_SPACE + layout::HEAD)
         .fetch_add(1, Ordering::AcqRel);
     for k in 0..3u64 {
@@ -182,15 +172,9 @@ const SEG_OWNER_PID: usize = 48;
 
 #[test]
 fn a_cosender_that_rewrites_the_ring_header_does_not_close_the_iface() {
-    let (_md, mut iface) = open_posix();
-    let got = counter(iface.as_mut(), 2);
-    let mut ep = connect(iface.as_mut()).expect("endpoint");
-    assert_eq!(ep.am_short(2, 0, b"x").unwrap(), Status::Done);
-    assert!(wait_for(iface.as_mut(), &got, 1, Duration::from_secs(5)));
+    let (mut iface, got, mut ep, ring) = one_delivered(2, b"x");
     // The co-sender says the iface is dead, under another secret, owned by
     // process 1.
-    let addr = RingAddress::decode(&iface.iface_address()).unwrap();
-    let ring = RawRing::open(addr.fd);
     ring.word(SEG_STATE).store(2, Ordering::Release);
     ring.word(SEG_SECRET).fetch_xor(1, Ordering::AcqRel);
     ring.word(SEG_OWNER_PID).store(1, Ordering::Release);
@@ -207,7 +191,7 @@ fn a_cosender_that_rewrites_the_ring_header_does_not_close_the_iface() {
     );
     assert!(wait_for(iface.as_mut(), &got, 2, Duration::from_secs(5)));
     // ...and a new one connects.
-    let mut late = connect(iface.as_mut()).expect("a new sender after the rewrite");
+    let mut late = connect_to_self(iface.as_mut()).expect("a new sender after the rewrite");
     assert_eq!(late.am_short(2, 2, b"z").unwrap(), Status::Done);
     assert!(wait_for(iface.as_mut(), &got, 3, Duration::from_secs(5)));
 }
@@ -216,12 +200,12 @@ fn a_cosender_that_rewrites_the_ring_header_does_not_close_the_iface() {
 fn a_closed_iface_is_still_reported_closed() {
     let (_md, mut sender) = open_posix();
     let (_md2, receiver) = open_posix();
-    let mut ep = sender
-        .create_ep(EpParams::ToIface {
-            device_addr: receiver.device_address(),
-            iface_addr: receiver.iface_address(),
-        })
-        .expect("endpoint");
+    let mut ep = connect_to(
+        sender.as_mut(),
+        &receiver.device_address(),
+        &receiver.iface_address(),
+    )
+    .expect("endpoint");
     ep.check().expect("the receiver is open");
     drop(receiver);
     std::thread::sleep(Duration::from_millis(10));

@@ -8,8 +8,8 @@ mod posix_support;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use posix_support::{object_at, open_posix, role, run_child};
-use uct_core::{Access, EpParams, MemoryType, Registry, RkeyBundle};
+use posix_support::{connect_to_self, exported, object_at, open_posix, role, run_child};
+use uct_core::{Access, MemoryType, Registry};
 
 #[test]
 fn a_segment_shrunk_under_a_peer_does_not_kill_it() {
@@ -31,18 +31,8 @@ fn shrink_child() {
         return;
     }
     let (md, mut iface) = open_posix();
-    let mut ep = iface
-        .create_ep(EpParams::ToIface {
-            device_addr: iface.device_address(),
-            iface_addr: iface.iface_address(),
-        })
-        .expect("endpoint");
-    let mem = md
-        .alloc(64 << 10, MemoryType::Host, Access::all())
-        .expect("alloc");
-    let packed = RkeyBundle::single(md.pack_rkey(&mem).unwrap())
-        .pack()
-        .unwrap();
+    let mut ep = connect_to_self(iface.as_mut()).expect("endpoint");
+    let (mem, packed) = exported(md.as_ref(), 64 << 10);
     let rkey = Registry::global().unpack_rkey(&packed, md.name()).unwrap();
     let mut buf = [0u8; 8];
     let status = ep

@@ -9,8 +9,10 @@ mod posix_support;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use posix_support::{hex, line_from, open_posix, role, run_child, spawn_child, unhex};
-use uct_core::{Access, EpParams, Iov, MemoryType, Registry, RkeyBundle, Status};
+use posix_support::{
+    connect_to, exported, hex, line_from, open_posix, role, run_child, spawn_child, unhex,
+};
+use uct_core::{Access, Endpoint, Iface, Iov, MemoryType, Registry, Status};
 
 /// The owner: an iface and a region; prints `owner <device> <iface>
 /// <rkey> <addr>` and serves (progresses, or not) until stdin closes.
@@ -19,12 +21,7 @@ use uct_core::{Access, EpParams, Iov, MemoryType, Registry, RkeyBundle, Status};
 fn owner_child() {
     let Some(role) = role() else { return };
     let (md, mut iface) = open_posix();
-    let mem = md
-        .alloc(64 << 10, MemoryType::Host, Access::all())
-        .expect("alloc");
-    let rkey = RkeyBundle::single(md.pack_rkey(&mem).unwrap())
-        .pack()
-        .unwrap();
+    let (mem, rkey) = exported(md.as_ref(), 64 << 10);
     println!(
         "owner {} {} {} {:x}",
         hex(&iface.device_address()),
@@ -57,6 +54,13 @@ struct Peer {
     addr: u64,
 }
 
+impl Peer {
+    /// An endpoint of `iface` to this peer.
+    fn connect(&self, iface: &mut dyn Iface) -> Box<dyn Endpoint> {
+        connect_to(iface, &self.device, &self.iface).expect("connect to the owner")
+    }
+}
+
 fn start_owner(role: &str) -> Peer {
     let mut child = spawn_child("owner_child", role, &[]);
     let line = line_from(&mut child, "owner ", Duration::from_secs(30));
@@ -74,12 +78,7 @@ fn start_owner(role: &str) -> Peer {
 fn a_killed_peer_fails_check_and_every_later_operation() {
     let mut peer = start_owner("owner-draining");
     let (md, mut iface) = open_posix();
-    let mut ep = iface
-        .create_ep(EpParams::ToIface {
-            device_addr: peer.device.clone(),
-            iface_addr: peer.iface.clone(),
-        })
-        .expect("connect to the owner");
+    let mut ep = peer.connect(iface.as_mut());
     let rkey = Registry::global()
         .unpack_rkey(&peer.rkey, md.name())
         .unwrap();
@@ -146,12 +145,7 @@ fn stalled_initiator() {
     }
     let mut peer = start_owner("owner-stalled");
     let (_md, mut iface) = open_posix();
-    let mut ep = iface
-        .create_ep(EpParams::ToIface {
-            device_addr: peer.device.clone(),
-            iface_addr: peer.iface.clone(),
-        })
-        .expect("connect to the owner");
+    let mut ep = peer.connect(iface.as_mut());
     let start = Instant::now();
     let mut full_since = None;
     let err = loop {

@@ -11,23 +11,20 @@
 mod common;
 
 use std::io::Read;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    closed_within, connect, frame, honest_hello, write_all, Peer, Rng, Victim, VICTIM_REGION,
+    closed_by, closed_within, connect, count_closed, frame, honest_hello, open, own_rkey, send,
+    write_all, FakePeer, Peer, Rng, Victim, VICTIM_REGION,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
-use tl_tcp::wire::{parse, Header, Parsed, WireError};
-use uct_core::{Access, Completion, EpParams, Iface, Iov, MemoryType, Registry, Status};
-
-fn open() -> Box<dyn Iface> {
-    Registry::global()
-        .open_iface("tcp", Some("lo"), &Default::default())
-        .expect("tcp on lo")
-}
+use tl_tcp::wire::{parse, Header, Parsed, WireError, WireKey};
+use uct_core::{
+    Access, Completion, Endpoint, Iface, Iov, MemHandle, MemoryType, RemoteKey, Status,
+};
 
 fn ensure(ok: bool, msg: impl FnOnce() -> String) -> Result<(), Failed> {
     if ok {
@@ -37,6 +34,35 @@ fn ensure(ok: bool, msg: impl FnOnce() -> String) -> Result<(), Failed> {
     }
 }
 
+/// A link to `victim` that has said a valid Hello.
+fn hello_link(victim: &Victim) -> Result<TcpStream, Failed> {
+    let mut s = connect(victim.peer().socket_addr());
+    ensure(send(&mut s, &honest_hello(victim.peer())), || {
+        "the victim did not take a Hello".into()
+    })?;
+    Ok(s)
+}
+
+/// Request `req`: a get of the second half of the victim's region.
+fn half_get(victim: &Victim, key: WireKey, req: u64) -> Vec<u8> {
+    let half = (VICTIM_REGION / 2) as u64;
+    frame(
+        &Header::Get {
+            req,
+            key,
+            addr: victim.addr + half,
+            len: half,
+        },
+        &[],
+    )
+}
+
+/// How many MiB the victim's peak memory has grown past `rss0` KiB.
+fn grew_mib(victim: &Victim, rss0: u64) -> u64 {
+    let (_, peak) = common::rss_kib(victim.pid());
+    peak.saturating_sub(rss0) / 1024
+}
+
 /// A peer floods `Get{512 KiB}` (1 GiB in all) and never reads: the victim
 /// must stop executing them once their replies pile up, its memory must
 /// stay bounded, and a well-behaved peer must still be served.
@@ -44,28 +70,10 @@ fn get_flood_is_bounded() -> Result<(), Failed> {
     let victim = Victim::spawn(&[]);
     let key = common::wire_key(&victim.rkey);
     let (rss0, _) = common::rss_kib(victim.pid());
-    let mut s = connect(victim.peer().socket_addr());
-    ensure(
-        write_all(
-            &mut s,
-            &honest_hello(victim.peer()),
-            Duration::from_secs(5),
-            || {},
-        ),
-        || "the victim did not take a Hello".into(),
-    )?;
-    let half = (VICTIM_REGION / 2) as u64;
+    let mut s = hello_link(&victim)?;
     let mut sent = 0;
     for req in 0..2048u64 {
-        let get = frame(
-            &Header::Get {
-                req,
-                key,
-                addr: victim.addr + half,
-                len: half,
-            },
-            &[],
-        );
+        let get = half_get(&victim, key, req);
         // A victim that stops reading stops the flood: that is the bound.
         if !write_all(&mut s, &get, Duration::from_secs(2), || {
             std::thread::sleep(Duration::from_millis(1))
@@ -75,8 +83,7 @@ fn get_flood_is_bounded() -> Result<(), Failed> {
         sent += 1;
     }
     std::thread::sleep(Duration::from_secs(1));
-    let (_, peak) = common::rss_kib(victim.pid());
-    let grew_mib = peak.saturating_sub(rss0) / 1024;
+    let grew_mib = grew_mib(&victim, rss0);
     println!("get flood: {sent} gets of 512 KiB sent, victim grew {grew_mib} MiB");
     ensure(grew_mib < 160, || {
         format!("the victim grew {grew_mib} MiB answering {sent} gets nobody reads")
@@ -99,19 +106,8 @@ fn many_links_flooding_gets_are_bounded_in_all() -> Result<(), Failed> {
     let victim = Victim::spawn(&[]);
     let key = common::wire_key(&victim.rkey);
     let (rss0, _) = common::rss_kib(victim.pid());
-    let half = (VICTIM_REGION / 2) as u64;
     let gets: Vec<u8> = (0..64u64)
-        .flat_map(|req| {
-            frame(
-                &Header::Get {
-                    req,
-                    key,
-                    addr: victim.addr + half,
-                    len: half,
-                },
-                &[],
-            )
-        })
+        .flat_map(|req| half_get(&victim, key, req))
         .collect();
     let mut links = Vec::new();
     for _ in 0..FLOOD_LINKS {
@@ -125,8 +121,7 @@ fn many_links_flooding_gets_are_bounded_in_all() -> Result<(), Failed> {
         links.push(s);
     }
     std::thread::sleep(Duration::from_secs(1));
-    let (_, peak) = common::rss_kib(victim.pid());
-    let grew_mib = peak.saturating_sub(rss0) / 1024;
+    let grew_mib = grew_mib(&victim, rss0);
     println!("{FLOOD_LINKS} links of 64 unread gets of 512 KiB: the victim grew {grew_mib} MiB");
     let t = Instant::now();
     let served = victim.legit_transfer(9);
@@ -162,15 +157,8 @@ fn a_link_whose_peer_reads_nothing_is_closed_after_the_peer_timeout() -> Result<
     let fds0 = victim.fds();
     let mut s = connect(victim.peer().socket_addr());
     let mut bytes = honest_hello(victim.peer());
-    let half = (VICTIM_REGION / 2) as u64;
     for req in 0..64u64 {
-        let get = Header::Get {
-            req,
-            key,
-            addr: victim.addr + half,
-            len: half,
-        };
-        bytes.extend(frame(&get, &[]));
+        bytes.extend(half_get(&victim, key, req));
     }
     let _ = write_all(&mut s, &bytes, Duration::from_secs(1), || {});
     let t0 = Instant::now();
@@ -199,53 +187,32 @@ fn at_the_cap_an_idle_link_gives_way_to_a_new_peer() -> Result<(), Failed> {
     ]);
     let mut idle = Vec::new();
     for _ in 0..4 {
-        let mut s = connect(victim.peer().socket_addr());
-        ensure(
-            write_all(
-                &mut s,
-                &honest_hello(victim.peer()),
-                Duration::from_secs(5),
-                || {},
-            ),
-            || "the victim did not take a Hello".into(),
-        )?;
-        idle.push(s);
+        idle.push(hello_link(&victim)?);
     }
     std::thread::sleep(Duration::from_millis(1500));
     victim
         .legit_transfer(11)
         .map_err(|e| format!("a new peer at the cap of 4 idle links: {e}"))?;
-    let mut closed = 0;
-    for s in idle.iter_mut() {
-        closed += usize::from(closed_within(s, Duration::from_millis(10), || {}));
-    }
+    let closed = count_closed(&mut idle, Duration::from_millis(10));
     println!("idle links closed to make room: {closed}");
     ensure(closed >= 1, || "no idle link was closed".into())
 }
 
-/// A fake peer: a listener with an iface address, and the link the iface
-/// under test opens to it.
-struct FakePeer {
-    listener: TcpListener,
-    peer: Peer,
-}
+/// The cookie of the fake peers here.
+const FAKE_COOKIE: u64 = 0x0c00_c1e5;
 
-impl FakePeer {
-    fn new() -> FakePeer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let peer = Peer {
-            ip: common::loopback_ip(),
-            port: listener.local_addr().unwrap().port(),
-            cookie: 0x0c00_c1e5,
-        };
-        FakePeer { listener, peer }
-    }
+/// An iface of this process, its endpoint to a fake peer, and memory of
+/// its own with its rkey.
+type ToFake = (Box<dyn Iface>, Box<dyn Endpoint>, MemHandle, RemoteKey);
 
-    fn accept(&self) -> TcpStream {
-        let (s, _) = self.listener.accept().unwrap();
-        s.set_nonblocking(true).unwrap();
-        s
-    }
+/// An iface of this process with an endpoint to `fake`, and `len` bytes
+/// of its own memory with their rkey.
+fn ep_to_fake(fake: &FakePeer, len: usize) -> Result<ToFake, Failed> {
+    let mut me = open();
+    let ep = me.create_ep(fake.peer.ep_params())?;
+    let local = me.md().alloc(len, MemoryType::Host, Access::all())?;
+    let rkey = own_rkey(me.as_ref(), &local)?;
+    Ok((me, ep, local, rkey))
 }
 
 /// Reads frames from `s` until one satisfies `want` (progressing `iface`).
@@ -279,12 +246,9 @@ fn wait_frame(
 /// A Nack for a request the iface never sent must not be taken as the
 /// refusal of one of its requests: the link is closed instead.
 fn a_nack_for_no_request_is_refused() -> Result<(), Failed> {
-    let fake = FakePeer::new();
+    let fake = FakePeer::new(FAKE_COOKIE);
     let mut me = open();
-    let mut ep = me.create_ep(EpParams::ToIface {
-        device_addr: fake.peer.ip.to_vec(),
-        iface_addr: fake.peer.iface_address(),
-    })?;
+    let mut ep = me.create_ep(fake.peer.ep_params())?;
     let flush = Completion::new();
     let _ = ep.flush(Some(&flush))?;
     let mut s = fake.accept();
@@ -303,10 +267,7 @@ fn a_nack_for_no_request_is_refused() -> Result<(), Failed> {
         &[],
     );
     bytes.extend(frame(&Header::FlushReply { req }, &[]));
-    ensure(
-        write_all(&mut s, &bytes, Duration::from_secs(5), || {}),
-        || "could not send the nack".into(),
-    )?;
+    ensure(send(&mut s, &bytes), || "could not send the nack".into())?;
     let t0 = Instant::now();
     while !flush.is_complete() && t0.elapsed() < Duration::from_secs(5) {
         me.progress();
@@ -320,9 +281,7 @@ fn a_nack_for_no_request_is_refused() -> Result<(), Failed> {
                 .into()
         },
     )?;
-    let closed = closed_within(&mut s, Duration::from_secs(2), || {
-        me.progress();
-    });
+    let closed = closed_by(me.as_mut(), &mut s, Duration::from_secs(2));
     ensure(closed, || {
         "the link that sent a forged Nack stayed open".into()
     })
@@ -331,18 +290,9 @@ fn a_nack_for_no_request_is_refused() -> Result<(), Failed> {
 /// Gets to a peer that does not answer are capped: the iface says
 /// NoResource before 64 MiB of gets are in flight.
 fn gets_in_flight_are_capped() -> Result<(), Failed> {
-    let fake = FakePeer::new();
-    let mut me = open();
-    let mut ep = me.create_ep(EpParams::ToIface {
-        device_addr: fake.peer.ip.to_vec(),
-        iface_addr: fake.peer.iface_address(),
-    })?;
+    let fake = FakePeer::new(FAKE_COOKIE);
+    let (_me, mut ep, local, rkey) = ep_to_fake(&fake, 1 << 20)?;
     let _held = fake.accept();
-    let local = me.md().alloc(1 << 20, MemoryType::Host, Access::all())?;
-    let rkey = Registry::global().unpack_rkey(
-        &uct_core::RkeyBundle::single(me.md().pack_rkey(&local)?).pack()?,
-        "tcp",
-    )?;
     let mut in_flight = 0;
     for _ in 0..64 {
         let comp = Completion::new();
@@ -360,14 +310,7 @@ fn gets_in_flight_are_capped() -> Result<(), Failed> {
 /// One progress call handles a bounded number of frames of one link.
 fn one_progress_call_has_a_budget() -> Result<(), Failed> {
     let mut victim = open();
-    let got = Arc::new(AtomicUsize::new(0));
-    let g = got.clone();
-    victim.set_am_handler(
-        3,
-        Box::new(move |_| {
-            g.fetch_add(1, Ordering::Relaxed);
-        }),
-    )?;
+    let got = common::counter(victim.as_mut(), 3);
     let v = Peer::of_iface(victim.as_ref());
     let mut s = connect(v.socket_addr());
     let mut bytes = honest_hello(v);
@@ -376,10 +319,9 @@ fn one_progress_call_has_a_budget() -> Result<(), Failed> {
         bytes.extend(frame(&Header::Am { id: 3 }, &[]));
     }
     // Written before the victim reads any: its socket holds them all.
-    ensure(
-        write_all(&mut s, &bytes, Duration::from_secs(5), || {}),
-        || "the victim's socket did not take 20,000 empty messages".into(),
-    )?;
+    ensure(send(&mut s, &bytes), || {
+        "the victim's socket did not take 20,000 empty messages".into()
+    })?;
     let mut most = 0;
     let t0 = Instant::now();
     while got.load(Ordering::Relaxed) < n && t0.elapsed() < Duration::from_secs(10) {
@@ -407,15 +349,9 @@ fn a_silent_link_is_closed_after_the_bootstrap_timeout() -> Result<(), Failed> {
     let mut silent = connect(addr);
     let mut half = connect(addr);
     let hello = honest_hello(victim.peer());
-    ensure(
-        write_all(
-            &mut half,
-            &hello[..hello.len() / 2],
-            Duration::from_secs(5),
-            || {},
-        ),
-        || "could not send half a Hello".into(),
-    )?;
+    ensure(send(&mut half, &hello[..hello.len() / 2]), || {
+        "could not send half a Hello".into()
+    })?;
     let t0 = Instant::now();
     let a = closed_within(&mut silent, Duration::from_secs(5), || {});
     let b = closed_within(&mut half, Duration::from_secs(1), || {});
@@ -432,12 +368,7 @@ fn accepted_links_are_capped() -> Result<(), Failed> {
     let addr = victim.peer().socket_addr();
     let mut conns: Vec<TcpStream> = (0..40).map(|_| connect(addr)).collect();
     std::thread::sleep(Duration::from_millis(1500));
-    let mut open = 0;
-    for s in conns.iter_mut() {
-        if !closed_within(s, Duration::from_millis(10), || {}) {
-            open += 1;
-        }
-    }
+    let open = conns.len() - count_closed(&mut conns, Duration::from_millis(10));
     println!("links of 40 still open with a cap of 8: {open}");
     ensure(open <= 8, || {
         format!("{open} silent links open with UCT_TCP_MAX_ACCEPTED=8")
@@ -505,11 +436,7 @@ fn junk_connections_cost_a_peer_nothing() -> Result<(), Failed> {
         format!("only {junk} junk connections were made")
     })?;
     // Every junk link is gone once its connection closed.
-    let t1 = Instant::now();
-    while victim.fds() > fds0 + 4 && t1.elapsed() < Duration::from_secs(3) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let fds = victim.fds();
+    let fds = fds_fall_to(&victim, fds0 + 4, Duration::from_secs(3));
     ensure(fds <= fds0 + 4, || {
         format!("the victim holds {fds} fds after the junk, {fds0} before")
     })
@@ -525,29 +452,15 @@ fn an_oversized_frame_closes_the_link_before_its_data() -> Result<(), Failed> {
     let mut bytes = honest_hello(v);
     bytes.extend(tl_tcp::wire::encode(&Header::Am { id: 3 }, 8 << 20).unwrap());
     bytes.extend(vec![0u8; 4096]);
-    ensure(
-        write_all(&mut s, &bytes, Duration::from_secs(5), || {}),
-        || "could not send the frame".into(),
-    )?;
-    let closed = closed_within(&mut s, Duration::from_secs(2), || {
-        victim.progress();
-    });
+    ensure(send(&mut s, &bytes), || "could not send the frame".into())?;
+    let closed = closed_by(victim.as_mut(), &mut s, Duration::from_secs(2));
     ensure(closed, || {
         "a link announcing an 8 MiB active message stayed open, waiting for its data".into()
     })?;
 
     // A get reply larger than the get.
-    let fake = FakePeer::new();
-    let mut me = open();
-    let mut ep = me.create_ep(EpParams::ToIface {
-        device_addr: fake.peer.ip.to_vec(),
-        iface_addr: fake.peer.iface_address(),
-    })?;
-    let local = me.md().alloc(4096, MemoryType::Host, Access::all())?;
-    let rkey = Registry::global().unpack_rkey(
-        &uct_core::RkeyBundle::single(me.md().pack_rkey(&local)?).pack()?,
-        "tcp",
-    )?;
+    let fake = FakePeer::new(FAKE_COOKIE);
+    let (mut me, mut ep, _local, rkey) = ep_to_fake(&fake, 4096)?;
     let comp = Completion::new();
     let _ = ep.get_bcopy(64, 0x1000, &rkey, &comp)?;
     let mut s = fake.accept();
@@ -558,13 +471,8 @@ fn an_oversized_frame_closes_the_link_before_its_data() -> Result<(), Failed> {
     };
     let mut bytes = tl_tcp::wire::encode(&Header::GetReply { req, error: None }, 8 << 20).unwrap();
     bytes.extend(vec![0u8; 4096]);
-    ensure(
-        write_all(&mut s, &bytes, Duration::from_secs(5), || {}),
-        || "could not send the reply".into(),
-    )?;
-    let closed = closed_within(&mut s, Duration::from_secs(2), || {
-        me.progress();
-    });
+    ensure(send(&mut s, &bytes), || "could not send the reply".into())?;
+    let closed = closed_by(me.as_mut(), &mut s, Duration::from_secs(2));
     ensure(closed, || {
         "a link announcing an 8 MiB reply to a 64-byte get stayed open, waiting for its data".into()
     })

@@ -1,32 +1,13 @@
 //! tcp endpoints connect to an iface or to a peer endpoint, and an iface
 //! serves many endpoints at once.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+mod common;
+
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tl_tcp as _;
-use uct_core::{Caps, EpParams, Iface, Registry, Status, UctError};
-
-fn open() -> Box<dyn Iface> {
-    Registry::global()
-        .open_iface("tcp", Some("lo"), &Default::default())
-        .expect("tcp on lo")
-}
-
-fn counter(iface: &mut Box<dyn Iface>, id: u8) -> Arc<AtomicUsize> {
-    let n = Arc::new(AtomicUsize::new(0));
-    let c = n.clone();
-    iface
-        .set_am_handler(
-            id,
-            Box::new(move |_| {
-                c.fetch_add(1, Ordering::SeqCst);
-            }),
-        )
-        .unwrap();
-    n
-}
+use common::{counter, open, to_iface};
+use uct_core::{Caps, EpParams, Iface, Status, UctError};
 
 fn progress_until(ifaces: &mut [&mut Box<dyn Iface>], mut done: impl FnMut() -> bool) {
     let t0 = Instant::now();
@@ -46,8 +27,8 @@ fn endpoint_to_endpoint_both_ways() {
         .attrs()
         .caps
         .contains(Caps::CONNECT_TO_EP | Caps::CONNECT_TO_IFACE));
-    let at_a = counter(&mut a, 1);
-    let at_b = counter(&mut b, 1);
+    let at_a = counter(a.as_mut(), 1);
+    let at_b = counter(b.as_mut(), 1);
     let mut ea = a.create_ep(EpParams::Unconnected).unwrap();
     let mut eb = b.create_ep(EpParams::Unconnected).unwrap();
     // Not connected yet: a clear error, not a hang.
@@ -74,16 +55,9 @@ fn endpoint_to_endpoint_both_ways() {
 fn many_endpoints_to_one_iface() {
     let mut server = open();
     let mut client = open();
-    let got = counter(&mut server, 2);
+    let got = counter(server.as_mut(), 2);
     let mut eps: Vec<_> = (0..32)
-        .map(|_| {
-            client
-                .create_ep(EpParams::ToIface {
-                    device_addr: server.device_address(),
-                    iface_addr: server.iface_address(),
-                })
-                .unwrap()
-        })
+        .map(|_| client.create_ep(to_iface(server.as_ref())).unwrap())
         .collect();
     for round in 0..10u8 {
         for ep in eps.iter_mut() {

@@ -8,15 +8,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{connect, frame, honest_hello, read_for, write_all, Peer};
+use common::{connect, frame, honest_hello, open, own_rkey, read_for, send, to_iface, Peer};
 use tl_tcp::wire::Header;
-use uct_core::{Access, Completion, EpParams, Iface, Iov, MemoryType, Registry, RkeyBundle};
-
-fn open() -> Box<dyn Iface> {
-    Registry::global()
-        .open_iface("tcp", Some("lo"), &Default::default())
-        .expect("tcp on lo")
-}
+use uct_core::{Access, Completion, Iov, MemoryType, RkeyBundle};
 
 const LEN: usize = 16 << 20;
 
@@ -34,16 +28,8 @@ fn a_large_get_returns_every_byte_in_order() {
         .unwrap();
     let data: Vec<u8> = (0..LEN).map(pattern).collect();
     region.write(0, &data).unwrap();
-    let packed = RkeyBundle::single(victim.md().pack_rkey(&region).unwrap())
-        .pack()
-        .unwrap();
-    let rkey = Registry::global().unpack_rkey(&packed, "tcp").unwrap();
-    let mut ep = me
-        .create_ep(EpParams::ToIface {
-            device_addr: victim.device_address(),
-            iface_addr: victim.iface_address(),
-        })
-        .unwrap();
+    let rkey = own_rkey(victim.as_ref(), &region).unwrap();
+    let mut ep = me.create_ep(to_iface(victim.as_ref())).unwrap();
     let local = me.md().alloc(LEN, MemoryType::Host, Access::all()).unwrap();
     let comp = Completion::new();
     // An odd offset and length: chunks do not fall on the frame's bounds.
@@ -93,7 +79,7 @@ fn a_region_deregistered_during_its_reply_is_not_read_and_the_link_closes() {
         len: LEN as u64,
     };
     bytes.extend(frame(&get, &[]));
-    assert!(write_all(&mut s, &bytes, Duration::from_secs(5), || {}));
+    assert!(send(&mut s, &bytes));
     // The reply starts; the socket fills, since nothing reads it.
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_millis(300) {

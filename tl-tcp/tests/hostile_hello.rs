@@ -6,33 +6,15 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{closed_within, connect, frame, hello, honest_hello, loopback_ip, read_for, Peer};
+use common::{
+    closed_by, connect, counter, frame, hello, honest_hello, loopback_ip, open, read_for, send,
+    to_iface, FakePeer, Peer,
+};
 use tl_tcp::wire::Header;
-use uct_core::{Completion, EpParams, Iface, Registry, Status};
-
-fn open() -> Box<dyn Iface> {
-    Registry::global()
-        .open_iface("tcp", Some("lo"), &Default::default())
-        .expect("tcp on lo")
-}
-
-fn counter(iface: &mut dyn Iface, id: u8) -> Arc<AtomicUsize> {
-    let n = Arc::new(AtomicUsize::new(0));
-    let c = n.clone();
-    iface
-        .set_am_handler(
-            id,
-            Box::new(move |_| {
-                c.fetch_add(1, Ordering::SeqCst);
-            }),
-        )
-        .unwrap();
-    n
-}
+use uct_core::{Completion, Endpoint, EpParams, Iface, Status};
 
 fn progress_for(ifaces: &mut [&mut dyn Iface], d: Duration) {
     let t0 = Instant::now();
@@ -41,6 +23,36 @@ fn progress_for(ifaces: &mut [&mut dyn Iface], d: Duration) {
             i.progress();
         }
     }
+}
+
+/// Sends "for P only" on each of `eps` and flushes them, progressing
+/// `victim` and `peer` until every flush completes (at most 3 s).
+fn send_to_p(
+    eps: &mut [&mut Box<dyn Endpoint>],
+    victim: &mut dyn Iface,
+    peer: &mut dyn Iface,
+) -> Vec<Completion> {
+    let mut flushes = Vec::new();
+    for ep in eps.iter_mut() {
+        assert_eq!(ep.am_bcopy(7, b"for P only").unwrap(), Status::Done);
+        let flush = Completion::new();
+        let _ = ep.flush(Some(&flush)).unwrap();
+        flushes.push(flush);
+    }
+    let t0 = Instant::now();
+    while !flushes.iter().all(|f| f.is_complete()) && t0.elapsed() < Duration::from_secs(3) {
+        victim.progress();
+        peer.progress();
+    }
+    flushes
+}
+
+/// A stranger connects to `victim` and sends `bytes`: whether the victim
+/// closed the link within 2 s.
+fn stranger_closed_after(victim: &mut dyn Iface, bytes: &[u8]) -> bool {
+    let mut s = connect(Peer::of_iface(victim).socket_addr());
+    assert!(send(&mut s, bytes));
+    closed_by(victim, &mut s, Duration::from_secs(2))
 }
 
 #[test]
@@ -61,31 +73,14 @@ fn a_forged_hello_gets_no_traffic_meant_for_the_peer_it_claims_to_be() {
             cookie: p.cookie ^ 0xdead_beef,
             ..p
         };
-        assert!(common::write_all(
-            &mut s,
-            &hello(claim, echo),
-            Duration::from_secs(5),
-            || {}
-        ));
+        assert!(send(&mut s, &hello(claim, echo)));
         forgers.push(s);
     }
     progress_for(&mut [victim.as_mut()], Duration::from_millis(200));
 
     // The victim's application now talks to P, with P's real address.
-    let mut ep = victim
-        .create_ep(EpParams::ToIface {
-            device_addr: peer.device_address(),
-            iface_addr: peer.iface_address(),
-        })
-        .unwrap();
-    assert_eq!(ep.am_bcopy(7, b"for P only").unwrap(), Status::Done);
-    let flush = Completion::new();
-    let _ = ep.flush(Some(&flush)).unwrap();
-    let t0 = Instant::now();
-    while !flush.is_complete() && t0.elapsed() < Duration::from_secs(3) {
-        victim.progress();
-        peer.progress();
-    }
+    let mut ep = victim.create_ep(to_iface(peer.as_ref())).unwrap();
+    let flushes = send_to_p(&mut [&mut ep], victim.as_mut(), peer.as_mut());
     for (i, s) in forgers.iter_mut().enumerate() {
         let r = read_for(s, Duration::from_millis(300), || {
             victim.progress();
@@ -97,6 +92,7 @@ fn a_forged_hello_gets_no_traffic_meant_for_the_peer_it_claims_to_be() {
             r.frames
         );
     }
+    let flush = &flushes[0];
     assert!(flush.is_complete(), "the flush to P did not complete");
     flush.result().expect("the flush to the real P");
     assert_eq!(got.load(Ordering::SeqCst), 1, "P did not get its message");
@@ -114,38 +110,21 @@ fn a_forger_with_the_peers_own_cookie_gets_no_traffic_meant_for_the_peer() {
     let v = Peer::of_iface(victim.as_ref());
     let p = Peer::of_iface(peer.as_ref());
     let mut forger = connect(v.socket_addr());
-    assert!(common::write_all(
-        &mut forger,
-        &hello(p, v.cookie),
-        Duration::from_secs(5),
-        || {}
-    ));
+    assert!(send(&mut forger, &hello(p, v.cookie)));
     progress_for(&mut [victim.as_mut()], Duration::from_millis(200));
 
     // Both ways of connecting: to P's iface, and to an endpoint of P.
-    let mut to_iface = victim
-        .create_ep(EpParams::ToIface {
-            device_addr: peer.device_address(),
-            iface_addr: peer.iface_address(),
-        })
-        .unwrap();
+    let mut to_iface = victim.create_ep(to_iface(peer.as_ref())).unwrap();
     let mut to_ep = victim.create_ep(EpParams::Unconnected).unwrap();
     let p_ep = peer.create_ep(EpParams::Unconnected).unwrap();
     to_ep
         .connect_to_ep(&peer.device_address(), &p_ep.ep_address().unwrap())
         .unwrap();
-    let mut flushes = Vec::new();
-    for ep in [&mut to_iface, &mut to_ep] {
-        assert_eq!(ep.am_bcopy(7, b"for P only").unwrap(), Status::Done);
-        let flush = Completion::new();
-        let _ = ep.flush(Some(&flush)).unwrap();
-        flushes.push(flush);
-    }
-    let t0 = Instant::now();
-    while !flushes.iter().all(|f| f.is_complete()) && t0.elapsed() < Duration::from_secs(3) {
-        victim.progress();
-        peer.progress();
-    }
+    let flushes = send_to_p(
+        &mut [&mut to_iface, &mut to_ep],
+        victim.as_mut(),
+        peer.as_mut(),
+    );
     let r = read_for(&mut forger, Duration::from_millis(300), || {
         victim.progress();
         peer.progress();
@@ -167,18 +146,8 @@ fn a_forger_with_the_peers_own_cookie_gets_no_traffic_meant_for_the_peer() {
 fn frames_before_a_hello_are_refused_and_the_link_closed() {
     let mut victim = open();
     let got = counter(victim.as_mut(), 5);
-    let v = Peer::of_iface(victim.as_ref());
-    let mut s = connect(v.socket_addr());
     let am = frame(&Header::Am { id: 5 }, b"no hello first");
-    assert!(common::write_all(
-        &mut s,
-        &am,
-        Duration::from_secs(5),
-        || {}
-    ));
-    let closed = closed_within(&mut s, Duration::from_secs(2), || {
-        victim.progress();
-    });
+    let closed = stranger_closed_after(victim.as_mut(), &am);
     assert_eq!(
         got.load(Ordering::SeqCst),
         0,
@@ -192,18 +161,9 @@ fn a_second_hello_closes_the_link() {
     let mut victim = open();
     let peer = open();
     let v = Peer::of_iface(victim.as_ref());
-    let mut s = connect(v.socket_addr());
     let mut bytes = honest_hello(v);
     bytes.extend(hello(Peer::of_iface(peer.as_ref()), v.cookie));
-    assert!(common::write_all(
-        &mut s,
-        &bytes,
-        Duration::from_secs(5),
-        || {}
-    ));
-    let closed = closed_within(&mut s, Duration::from_secs(2), || {
-        victim.progress();
-    });
+    let closed = stranger_closed_after(victim.as_mut(), &bytes);
     assert!(closed, "a link that said Hello twice stayed open");
 }
 
@@ -212,7 +172,6 @@ fn a_hello_from_another_ip_than_it_claims_closes_the_link() {
     let mut victim = open();
     let got = counter(victim.as_mut(), 5);
     let v = Peer::of_iface(victim.as_ref());
-    let mut s = connect(v.socket_addr());
     let liar = Peer {
         ip: std::net::Ipv4Addr::new(10, 9, 8, 7)
             .to_ipv6_mapped()
@@ -222,15 +181,7 @@ fn a_hello_from_another_ip_than_it_claims_closes_the_link() {
     };
     let mut bytes = hello(liar, v.cookie);
     bytes.extend(frame(&Header::Am { id: 5 }, b"from 10.9.8.7"));
-    assert!(common::write_all(
-        &mut s,
-        &bytes,
-        Duration::from_secs(5),
-        || {}
-    ));
-    let closed = closed_within(&mut s, Duration::from_secs(2), || {
-        victim.progress();
-    });
+    let closed = stranger_closed_after(victim.as_mut(), &bytes);
     assert_eq!(
         got.load(Ordering::SeqCst),
         0,
@@ -247,7 +198,6 @@ fn a_hello_without_the_cookie_of_the_iface_it_reached_closes_the_link() {
     let mut victim = open();
     let got = counter(victim.as_mut(), 5);
     let v = Peer::of_iface(victim.as_ref());
-    let mut s = connect(v.socket_addr());
     let me = Peer {
         ip: loopback_ip(),
         port: 4242,
@@ -256,15 +206,7 @@ fn a_hello_without_the_cookie_of_the_iface_it_reached_closes_the_link() {
     // The stranger knows the port (it scanned for it), not the cookie.
     let mut bytes = hello(me, v.cookie.wrapping_add(1));
     bytes.extend(frame(&Header::Am { id: 5 }, b"guessed"));
-    assert!(common::write_all(
-        &mut s,
-        &bytes,
-        Duration::from_secs(5),
-        || {}
-    ));
-    let closed = closed_within(&mut s, Duration::from_secs(2), || {
-        victim.progress();
-    });
+    let closed = stranger_closed_after(victim.as_mut(), &bytes);
     assert_eq!(
         got.load(Ordering::SeqCst),
         0,
@@ -282,47 +224,23 @@ fn a_frame_the_wrong_way_closes_the_link() {
     let got = counter(victim.as_mut(), 5);
     let v = Peer::of_iface(victim.as_ref());
     // An answer on a link the stranger opened: the victim asked nothing.
-    let mut s = connect(v.socket_addr());
     let mut bytes = honest_hello(v);
     bytes.extend(frame(&Header::FlushReply { req: 1 }, &[]));
-    assert!(common::write_all(
-        &mut s,
-        &bytes,
-        Duration::from_secs(5),
-        || {}
-    ));
     assert!(
-        closed_within(&mut s, Duration::from_secs(2), || {
-            victim.progress();
-        }),
+        stranger_closed_after(victim.as_mut(), &bytes),
         "a reply on a link the peer opened was taken"
     );
 
     // A request on a link the victim opened to a (fake) peer.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let fake = Peer {
-        ip: loopback_ip(),
-        port: listener.local_addr().unwrap().port(),
-        cookie: 0xfa4e,
-    };
-    let _ep = victim
-        .create_ep(EpParams::ToIface {
-            device_addr: fake.ip.to_vec(),
-            iface_addr: fake.iface_address(),
-        })
-        .unwrap();
-    let (mut s, _) = listener.accept().unwrap();
-    s.set_nonblocking(true).unwrap();
-    assert!(common::write_all(
+    let fake = FakePeer::new(0xfa4e);
+    let _ep = victim.create_ep(fake.peer.ep_params()).unwrap();
+    let mut s = fake.accept();
+    assert!(send(
         &mut s,
-        &frame(&Header::Am { id: 5 }, b"on the victim's own link"),
-        Duration::from_secs(5),
-        || {}
+        &frame(&Header::Am { id: 5 }, b"on the victim's own link")
     ));
     assert!(
-        closed_within(&mut s, Duration::from_secs(2), || {
-            victim.progress();
-        }),
+        closed_by(victim.as_mut(), &mut s, Duration::from_secs(2)),
         "a request on a link the victim opened was taken"
     );
     assert_eq!(got.load(Ordering::SeqCst), 0, "the message was delivered");

@@ -7,51 +7,23 @@
 //! `UCT_TCP_TEST_ROLE=server`: it opens a tcp iface on lo, prints its
 //! addresses and an rkey on stdout, and serves until killed.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{loopback_ip, open as open_lo, own_rkey, serve_region, to_iface, unhex, Peer};
 use libtest_mimic::{Arguments, Failed, Trial};
-use uct_core::{
-    Access, Completion, EpParams, Iface, Iov, MemoryType, Registry, RkeyBundle, Status, UctError,
-};
+use uct_core::{Access, Completion, EpParams, Iface, Iov, MemoryType, Registry, Status, UctError};
 
 const TIMEOUT_MS: u64 = 1500;
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .filter_map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok())
-        .collect()
-}
-
-fn open_lo() -> Box<dyn Iface> {
-    Registry::global()
-        .open_iface("tcp", Some("lo"), &Default::default())
-        .expect("tcp on lo")
-}
 
 /// The child: serve puts until killed.
 fn serve() -> ! {
     let mut iface = open_lo();
-    let mem = iface
-        .md()
-        .alloc(1 << 20, MemoryType::Host, Access::all())
-        .unwrap();
-    let rkey = RkeyBundle::single(iface.md().pack_rkey(&mem).unwrap())
-        .pack()
-        .unwrap();
-    println!(
-        "READY {} {} {} {:x}",
-        hex(&iface.device_address()),
-        hex(&iface.iface_address()),
-        hex(&rkey),
-        mem.addr()
-    );
+    let _mem = serve_region(iface.as_ref(), 1 << 20);
     loop {
         iface.progress();
     }
@@ -93,7 +65,7 @@ fn peer_error(what: &str, e: &UctError) -> Result<(), String> {
 
 fn killed_peer() -> Result<(), Failed> {
     let mut child = Command::new(std::env::current_exe()?)
-        .env("UCT_TCP_TEST_ROLE", "server")
+        .env(common::ROLE, "server")
         .env("UCT_TCP_PEER_TIMEOUT", format!("{TIMEOUT_MS}ms"))
         .stdout(Stdio::piped())
         .spawn()?;
@@ -214,11 +186,8 @@ fn killed_peer() -> Result<(), Failed> {
     // Another endpoint on the same iface still works.
     let mut rx = open_lo();
     let mem = rx.md().alloc(4096, MemoryType::Host, Access::all())?;
-    let rk = reg.unpack_rkey(&RkeyBundle::single(rx.md().pack_rkey(&mem)?).pack()?, "tcp")?;
-    let mut ep2 = tx.create_ep(EpParams::ToIface {
-        device_addr: rx.device_address(),
-        iface_addr: rx.iface_address(),
-    })?;
+    let rk = own_rkey(rx.as_ref(), &mem)?;
+    let mut ep2 = tx.create_ep(to_iface(rx.as_ref()))?;
     let _ = ep2.put_bcopy(b"alive", mem.addr(), &rk)?;
     let f2 = Completion::new();
     let _ = ep2.flush(Some(&f2))?;
@@ -249,18 +218,15 @@ fn silent_peer() -> Result<(), Failed> {
         drop(s);
     });
     let mut tx = open_lo();
-    let ip = std::net::Ipv4Addr::LOCALHOST
-        .to_ipv6_mapped()
-        .octets()
-        .to_vec();
-    let mut ep = tx.create_ep(EpParams::ToIface {
-        device_addr: ip,
+    let silent = Peer {
+        ip: loopback_ip(),
+        port,
         // A silent peer has a cookie like any iface; it never checks it.
-        iface_addr: tl_tcp::address::iface_addr(port, 0x0511_3e47),
-    })?;
+        cookie: 0x0511_3e47,
+    };
+    let mut ep = tx.create_ep(silent.ep_params())?;
     let mem = tx.md().alloc(64, MemoryType::Host, Access::all())?;
-    let rkey = Registry::global()
-        .unpack_rkey(&RkeyBundle::single(tx.md().pack_rkey(&mem)?).pack()?, "tcp")?;
+    let rkey = own_rkey(tx.as_ref(), &mem)?;
     let comp = Completion::new();
     let st = ep.get_bcopy(8, 0x1000, &rkey, &comp)?;
     if st != Status::InProgress {
@@ -283,7 +249,7 @@ fn silent_peer() -> Result<(), Failed> {
 }
 
 fn main() {
-    if std::env::var("UCT_TCP_TEST_ROLE").as_deref() == Ok("server") {
+    if std::env::var(common::ROLE).as_deref() == Ok("server") {
         serve();
     }
     // This process's own tcp ifaces use the short timeout too.

@@ -9,10 +9,13 @@
 use std::fs::File;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use uct_core::{Iface, MemoryDomain, Registry};
+use uct_core::{
+    Access, Endpoint, EpParams, Iface, MemHandle, MemoryDomain, MemoryType, Registry, RkeyBundle,
+};
 
 /// The environment variable that tells a re-executed test binary which
 /// child role to play.
@@ -31,6 +34,50 @@ pub fn open_posix() -> (Arc<dyn MemoryDomain>, Box<dyn Iface>) {
         .open_iface(&resource.md, &resource.tl, &Default::default())
         .expect("open a posix iface");
     (resource.md.clone(), iface)
+}
+
+/// An endpoint of `iface` to the iface at these addresses.
+pub fn connect_to(
+    iface: &mut dyn Iface,
+    device_addr: &[u8],
+    iface_addr: &[u8],
+) -> uct_core::Result<Box<dyn Endpoint>> {
+    iface.create_ep(EpParams::ToIface {
+        device_addr: device_addr.to_vec(),
+        iface_addr: iface_addr.to_vec(),
+    })
+}
+
+/// An endpoint of `iface` to itself.
+pub fn connect_to_self(iface: &mut dyn Iface) -> uct_core::Result<Box<dyn Endpoint>> {
+    let (device, addr) = (iface.device_address(), iface.iface_address());
+    connect_to(iface, &device, &addr)
+}
+
+/// A count of the active messages with `id` that `iface` receives.
+pub fn counter(iface: &mut dyn Iface, id: u8) -> Arc<AtomicUsize> {
+    let n = Arc::new(AtomicUsize::new(0));
+    let c = n.clone();
+    iface
+        .set_am_handler(
+            id,
+            Box::new(move |_| {
+                c.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+        .unwrap();
+    n
+}
+
+/// `len` bytes of `md`'s memory open to peers, and their packed rkey.
+pub fn exported(md: &dyn MemoryDomain, len: usize) -> (MemHandle, Vec<u8>) {
+    let mem = md
+        .alloc(len, MemoryType::Host, Access::all())
+        .expect("alloc");
+    let rkey = RkeyBundle::single(md.pack_rkey(&mem).unwrap())
+        .pack()
+        .unwrap();
+    (mem, rkey)
 }
 
 /// The role this process plays, when a test re-executed it.
@@ -66,20 +113,8 @@ impl ChildRun {
 /// Runs test `test` of this binary in a child process as `role`, with
 /// `env`, and waits at most `deadline` for it.
 pub fn run_child(test: &str, role: &str, env: &[(&str, String)], deadline: Duration) -> ChildRun {
-    let exe = std::env::current_exe().expect("this test binary");
-    let mut cmd = Command::new(exe);
-    cmd.args([
-        test,
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(ROLE, role)
-    .stdin(Stdio::null());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
+    let mut cmd = child_command(test, role, env);
+    cmd.stdin(Stdio::null());
     let out_path = std::env::temp_dir().join(format!(
         "tl-sm-posix-child-{}-{role}.out",
         std::process::id()
@@ -158,6 +193,15 @@ pub fn object_at(addr: u64) -> std::io::Result<(File, u64)> {
 /// A child process playing `role` in test `test` of this binary, its
 /// stdout piped: it prints what the test needs and waits to be killed.
 pub fn spawn_child(test: &str, role: &str, env: &[(&str, String)]) -> std::process::Child {
+    child_command(test, role, env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the child")
+}
+
+/// This test binary, to run test `test` alone as `role`, with `env`.
+fn child_command(test: &str, role: &str, env: &[(&str, String)]) -> Command {
     let exe = std::env::current_exe().expect("this test binary");
     let mut cmd = Command::new(exe);
     cmd.args([
@@ -167,13 +211,11 @@ pub fn spawn_child(test: &str, role: &str, env: &[(&str, String)]) -> std::proce
         "--nocapture",
         "--test-threads=1",
     ])
-    .env(ROLE, role)
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped());
+    .env(ROLE, role);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.spawn().expect("spawn the child")
+    cmd
 }
 
 /// What follows `prefix` on the first line of `child`'s stdout that has

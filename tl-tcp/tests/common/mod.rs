@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{Ipv6Addr, SocketAddr, TcpStream};
+use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tl_tcp::wire::{encode, parse, Header, Parsed, WireKey};
 use uct_core::region_table::SoftRkey;
-use uct_core::{Access, Iface, MemoryType, Registry, RkeyBundle};
+use uct_core::{Access, EpParams, Iface, MemHandle, MemoryType, Registry, RemoteKey, RkeyBundle};
 
 /// Environment variable that makes this binary a victim.
 pub const ROLE: &str = "UCT_TCP_TEST_ROLE";
@@ -41,6 +41,71 @@ pub fn unhex(s: &str) -> Vec<u8> {
     (0..s.len() / 2)
         .filter_map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok())
         .collect()
+}
+
+/// A tcp iface on lo.
+pub fn open() -> Box<dyn Iface> {
+    Registry::global()
+        .open_iface("tcp", Some("lo"), &Default::default())
+        .expect("tcp on lo")
+}
+
+/// Counts the active messages with `id` that `iface` receives in `n`.
+pub fn count_ams(iface: &mut dyn Iface, id: u8, n: &Arc<AtomicUsize>) {
+    let c = n.clone();
+    iface
+        .set_am_handler(
+            id,
+            Box::new(move |_| {
+                c.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+        .unwrap();
+}
+
+/// A count of the active messages with `id` that `iface` receives.
+pub fn counter(iface: &mut dyn Iface, id: u8) -> Arc<AtomicUsize> {
+    let n = Arc::new(AtomicUsize::new(0));
+    count_ams(iface, id, &n);
+    n
+}
+
+/// The parameters of an endpoint to `iface`.
+pub fn to_iface(iface: &dyn Iface) -> EpParams {
+    EpParams::ToIface {
+        device_addr: iface.device_address(),
+        iface_addr: iface.iface_address(),
+    }
+}
+
+/// `mem` (registered with `iface`'s MD) as a peer of this process would
+/// address it.
+pub fn own_rkey(iface: &dyn Iface, mem: &MemHandle) -> uct_core::Result<RemoteKey> {
+    Registry::global().unpack_rkey(
+        &RkeyBundle::single(iface.md().pack_rkey(mem)?).pack()?,
+        "tcp",
+    )
+}
+
+/// Allocates `len` bytes open to peers and prints
+/// `READY <device> <iface> <rkey> <addr>` for the process that started
+/// this one.
+pub fn serve_region(iface: &dyn Iface, len: usize) -> MemHandle {
+    let mem = iface
+        .md()
+        .alloc(len, MemoryType::Host, Access::all())
+        .unwrap();
+    let rkey = RkeyBundle::single(iface.md().pack_rkey(&mem).unwrap())
+        .pack()
+        .unwrap();
+    println!(
+        "READY {} {} {} {:x}",
+        hex(&iface.device_address()),
+        hex(&iface.iface_address()),
+        hex(&rkey),
+        mem.addr()
+    );
+    mem
 }
 
 /// A peer iface as its addresses describe it.
@@ -77,6 +142,40 @@ impl Peer {
     /// The iface address bytes of this peer.
     pub fn iface_address(&self) -> Vec<u8> {
         tl_tcp::address::iface_addr(self.port, self.cookie)
+    }
+
+    /// The parameters of an endpoint to this peer.
+    pub fn ep_params(&self) -> EpParams {
+        EpParams::ToIface {
+            device_addr: self.ip.to_vec(),
+            iface_addr: self.iface_address(),
+        }
+    }
+}
+
+/// A fake peer: a listener with an iface address, and the link the iface
+/// under test opens to it.
+pub struct FakePeer {
+    listener: TcpListener,
+    pub peer: Peer,
+}
+
+impl FakePeer {
+    pub fn new(cookie: u64) -> FakePeer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = Peer {
+            ip: loopback_ip(),
+            port: listener.local_addr().unwrap().port(),
+            cookie,
+        };
+        FakePeer { listener, peer }
+    }
+
+    /// The link an iface opened to this peer, non-blocking.
+    pub fn accept(&self) -> TcpStream {
+        let (s, _) = self.listener.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        s
     }
 }
 
@@ -146,6 +245,11 @@ pub fn write_all(s: &mut TcpStream, bytes: &[u8], limit: Duration, mut turn: imp
     true
 }
 
+/// Writes all of `bytes` within 5 s, doing nothing else meanwhile.
+pub fn send(s: &mut TcpStream, bytes: &[u8]) -> bool {
+    write_all(s, bytes, Duration::from_secs(5), || {})
+}
+
 /// What came back on a raw socket.
 #[derive(Debug, Default)]
 pub struct Received {
@@ -195,6 +299,21 @@ pub fn closed_within(s: &mut TcpStream, limit: Duration, turn: impl FnMut()) -> 
     read_for(s, limit, turn).closed
 }
 
+/// Whether `iface` closed `s` within `limit`, progressing it meanwhile.
+pub fn closed_by(iface: &mut dyn Iface, s: &mut TcpStream, limit: Duration) -> bool {
+    closed_within(s, limit, || {
+        iface.progress();
+    })
+}
+
+/// How many of `links` the other side has closed, waiting `limit` on each.
+pub fn count_closed(links: &mut [TcpStream], limit: Duration) -> usize {
+    links
+        .iter_mut()
+        .map(|s| usize::from(closed_within(s, limit, || {})))
+        .sum()
+}
+
 /// The part of a packed rkey that goes on the wire.
 pub fn wire_key(packed: &[u8]) -> WireKey {
     let rkey = Registry::global().unpack_rkey(packed, "tcp").unwrap();
@@ -226,35 +345,12 @@ pub const VICTIM_REGION: usize = 1 << 20;
 /// and serves until its stdin closes; it counts active messages and prints
 /// the count on `AMS` lines every 100 ms.
 pub fn victim_main() -> ! {
-    let mut iface = Registry::global()
-        .open_iface("tcp", Some("lo"), &Default::default())
-        .expect("tcp on lo");
-    let mem = iface
-        .md()
-        .alloc(VICTIM_REGION, MemoryType::Host, Access::all())
-        .unwrap();
-    let rkey = RkeyBundle::single(iface.md().pack_rkey(&mem).unwrap())
-        .pack()
-        .unwrap();
+    let mut iface = open();
     let ams = Arc::new(AtomicUsize::new(0));
     for id in 0..8u8 {
-        let ams = ams.clone();
-        iface
-            .set_am_handler(
-                id,
-                Box::new(move |_| {
-                    ams.fetch_add(1, Ordering::Relaxed);
-                }),
-            )
-            .unwrap();
+        count_ams(iface.as_mut(), id, &ams);
     }
-    println!(
-        "READY {} {} {} {:x}",
-        hex(&iface.device_address()),
-        hex(&iface.iface_address()),
-        hex(&rkey),
-        mem.addr()
-    );
+    let _mem = serve_region(iface.as_ref(), VICTIM_REGION);
     let stdin_closed = Arc::new(AtomicUsize::new(0));
     let flag = stdin_closed.clone();
     std::thread::spawn(move || {
