@@ -112,6 +112,13 @@ impl Liveness {
         self.last_sign = now;
     }
 
+    /// A message from the peer arrived at `now`.
+    pub fn received(&mut self, now: Instant) {
+        // As the connection takes it today: any completion is a sign of
+        // life.
+        self.sign_of_life(now);
+    }
+
     /// The keepalive was posted at `now`.
     pub fn probe_sent(&mut self, now: Instant) {
         self.probe = Some(now);
@@ -352,6 +359,101 @@ mod tests {
             live.tick(t0 + T + need + ms, one),
             Verdict::Dead(Death::Silent { outstanding: 1, .. })
         ));
+    }
+
+    /// Review 2, finding 1: a hostile peer stops reposting its receive
+    /// buffers, so that our sends (and the keepalive behind them) retry
+    /// RNR for ever, and sends us a message every T/4. Messages received
+    /// say nothing about our send queue: they never extend a deadline
+    /// already running. A keepalive out, messages every T/4 and no send
+    /// completion: dead within T of the probe plus the bytes-ahead
+    /// extension.
+    #[test]
+    fn messages_received_do_not_extend_a_probes_deadline() {
+        let ms = Duration::from_millis(1);
+        for bytes_ahead in [0, 1 << 30] {
+            let t0 = Instant::now();
+            let mut live = Liveness::new(T, t0);
+            assert_eq!(live.tick(t0 + T / 2, idle()), Verdict::Probe);
+            let sent = t0 + T / 2;
+            live.probe_sent(sent);
+            let behind = SendQueue {
+                bytes_ahead,
+                ..queue(1, true)
+            };
+            let need = T / 2 + Liveness::slack(bytes_ahead);
+            let mut at = sent;
+            while at + T / 4 < sent + need {
+                at += T / 4;
+                live.received(at);
+                assert_eq!(live.tick(at, behind), Verdict::Alive);
+            }
+            let late = sent + need + ms;
+            assert_eq!(
+                live.tick(late, behind),
+                Verdict::Dead(Death::KeepaliveUnanswered {
+                    waited: need + ms
+                }),
+                "messages received every T/4 kept a peer alive whose keepalive never completed ({bytes_ahead} bytes ahead)"
+            );
+        }
+    }
+
+    /// Review 2, finding 1: the same for operations outstanding with a
+    /// signalled tail (sends stuck in RNR retries).
+    #[test]
+    fn messages_received_do_not_extend_the_outstanding_deadline() {
+        let ms = Duration::from_millis(1);
+        let t0 = Instant::now();
+        let mut live = Liveness::new(T, t0);
+        for k in 1..=4 {
+            live.received(t0 + k * T / 4);
+            assert_eq!(live.tick(t0 + k * T / 4, queue(3, true)), Verdict::Alive);
+        }
+        assert_eq!(
+            live.tick(t0 + T + ms, queue(3, true)),
+            Verdict::Dead(Death::Silent {
+                waited: T + ms,
+                outstanding: 3
+            }),
+            "messages received every T/4 kept a peer alive that completed none of 3 operations in T"
+        );
+    }
+
+    /// Review 2, finding 1: unsignalled operations outstanding are probed
+    /// at T/2 whatever arrives meanwhile, and the probe is given the other
+    /// half.
+    #[test]
+    fn messages_received_do_not_hold_back_the_probe_of_unsignalled_posts() {
+        let ms = Duration::from_millis(1);
+        let t0 = Instant::now();
+        let mut live = Liveness::new(T, t0);
+        live.received(t0 + T / 4);
+        live.received(t0 + T / 2);
+        assert_eq!(
+            live.tick(t0 + T / 2, queue(1, false)),
+            Verdict::Probe,
+            "a message received held back the keepalive of an unsignalled put"
+        );
+        live.probe_sent(t0 + T / 2);
+        live.received(t0 + 3 * T / 4);
+        live.received(t0 + T);
+        assert!(matches!(
+            live.tick(t0 + T + ms, queue(2, true)),
+            Verdict::Dead(Death::KeepaliveUnanswered { .. })
+        ));
+    }
+
+    /// Messages received do delay the keepalive of an idle endpoint: the
+    /// peer that sends them is there, and there is nothing of ours to wait
+    /// for.
+    #[test]
+    fn messages_received_delay_the_probe_of_an_idle_endpoint() {
+        let t0 = Instant::now();
+        let mut live = Liveness::new(T, t0);
+        live.received(t0 + T / 4);
+        assert_eq!(live.tick(t0 + T / 2, idle()), Verdict::Alive);
+        assert_eq!(live.tick(t0 + T / 4 + T / 2, idle()), Verdict::Probe);
     }
 
     #[test]
