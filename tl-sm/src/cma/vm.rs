@@ -102,6 +102,9 @@ pub unsafe fn transfer(
             )));
         }
         done += moved as usize;
+        if done < total {
+            after_partial_transfer();
+        }
     }
     Ok(())
 }
@@ -121,3 +124,23 @@ fn count_transfer() {
 #[cfg(not(test))]
 #[inline(always)]
 fn count_transfer() {}
+
+#[cfg(test)]
+thread_local! {
+    /// The hook [`after_partial_transfer`] runs once, on this thread.
+    pub(crate) static AFTER_PARTIAL: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Test seam: runs the hook a test set after a process_vm_* call moved
+/// part of the transfer, where a peer dying mid-transfer is seen.
+#[cfg(test)]
+fn after_partial_transfer() {
+    if let Some(hook) = AFTER_PARTIAL.with(|h| h.borrow_mut().take()) {
+        hook();
+    }
+}
+
+#[cfg(not(test))]
+#[inline(always)]
+fn after_partial_transfer() {}

@@ -78,20 +78,52 @@ struct Child {
 
 impl Child {
     fn fork() -> Child {
-        // SAFETY: the child calls only async-signal-safe functions (pause)
-        // and never returns into the test harness.
+        Self::fork_unmapping(0, 0)
+    }
+
+    /// A child that first unmaps `len` bytes at `addr` in itself (none when
+    /// `len` is 0); returns once it did.
+    fn fork_unmapping(addr: usize, len: usize) -> Child {
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two fds into the array it is given.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+        // SAFETY: the child calls only async-signal-safe functions (munmap,
+        // write, pause) and never returns into the test harness.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
         if pid == 0 {
+            // SAFETY: the child unmaps memory of its own copy, which no
+            // code of its runs on again, and writes one byte from a local.
+            unsafe {
+                if len > 0 {
+                    libc::munmap(addr as *mut libc::c_void, len);
+                }
+                libc::write(fds[1], [1u8].as_ptr().cast(), 1);
+            }
             loop {
                 // SAFETY: pause only waits for a signal.
                 unsafe { libc::pause() };
             }
         }
-        Child {
+        let mut ready = libc::pollfd {
+            fd: fds[0],
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, 5 s at most; then both pipe ends are
+        // ours to close.
+        let n = unsafe {
+            let n = libc::poll(&mut ready, 1, 5000);
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            n
+        };
+        let child = Child {
             pid,
             reaped: Arc::default(),
-        }
+        };
+        assert_eq!(n, 1, "child {pid} not ready within 5 s");
+        child
     }
 
     /// Kills and reaps the child, once: after that its pid is free for
@@ -165,6 +197,66 @@ fn no_transfer_reaches_a_peer_that_died_after_its_check() {
         after - before,
         0,
         "the put ({put:?}) called process_vm_writev on pid {pid} after that process had died and been reaped"
+    );
+    match put {
+        Err(UctError::EndpointFailed(why)) if why.contains(&pid.to_string()) => {}
+        other => panic!("a put to the dead child {pid}: {other:?}"),
+    }
+}
+
+/// Review 2 of issue 12, finding 2: a transfer the peer's dying cut short
+/// (a partial result) is not retried on its pid without asking its pidfd
+/// again: the pid may be another process's by then.
+#[test]
+fn no_retry_reaches_a_peer_that_died_after_a_partial_transfer() {
+    use uct_core::rkey::{decode_payload, encode_payload};
+    use uct_core::{MemoryType, RkeyEntry, UctError};
+
+    let _serial = crate::cma::records::tests::serial();
+    let md: Arc<dyn MemoryDomain> = Arc::new(CmaMd::new("sm"));
+    let mut iface = CmaIface::open(md.clone());
+    let mem = md
+        .alloc(2 * LEN, MemoryType::Host, Access::all())
+        .expect("alloc");
+    let entry = md.pack_rkey(&mem).expect("pack");
+    // The child holds our table and memory, its second page unmapped: a
+    // put of both pages moves the first, then stops short.
+    let child = Child::fork_unmapping(mem.addr() as usize + LEN, LEN);
+    let mut key: crate::cma::CmaRkey = decode_payload(&entry.payload).expect("a cma rkey");
+    key.pid = child.pid as u32;
+    key.table = key.table.replacen(
+        &format!("/proc/{}/", std::process::id()),
+        &format!("/proc/{}/", child.pid),
+        1,
+    );
+    let forged = RkeyEntry {
+        payload: encode_payload(&key).expect("encode"),
+        ..entry
+    };
+    let rkey = component::unpack_rkey("sm", &forged).expect("unpack");
+    let mut device_addr = crate::host::boot_id().to_vec();
+    device_addr.extend_from_slice(&(child.pid as u32).to_le_bytes());
+    let mut ep = iface
+        .create_ep(EpParams::ToIface {
+            device_addr,
+            iface_addr: Vec::new(),
+        })
+        .expect("an endpoint to the child");
+    let (pid, reaped) = (child.pid, child.reaped.clone());
+    crate::cma::vm::AFTER_PARTIAL
+        .with(|hook| *hook.borrow_mut() = Some(Box::new(move || Child::kill(pid, &reaped))));
+    let before = crate::cma::vm::TRANSFERS.with(|n| n.get());
+    let put = ep.put_bcopy(&[PUT; 2 * LEN], mem.addr(), &rkey);
+    let after = crate::cma::vm::TRANSFERS.with(|n| n.get());
+    let hook_ran = crate::cma::vm::AFTER_PARTIAL.with(|hook| hook.borrow().is_none());
+    assert!(
+        hook_ran,
+        "the put ({put:?}) to a half-unmapped range was not partial"
+    );
+    assert_eq!(
+        after - before,
+        1,
+        "the put ({put:?}) called process_vm_writev again on pid {pid} after that process had died and been reaped mid-transfer"
     );
     match put {
         Err(UctError::EndpointFailed(why)) if why.contains(&pid.to_string()) => {}
