@@ -129,9 +129,10 @@ pub(crate) struct Connection {
     label: String,
     /// Probes the peer and finds it dead (UCT_RC_PEER_TIMEOUT).
     live: Liveness,
-    /// Progress seen since the clock was last read: `live` learns it at the
-    /// next tick, so that the clock is not read on every poll.
+    /// A send completion, and a message received, since the clock was last
+    /// read: `live` learns them at the next tick, not on every poll.
     saw_progress: bool,
+    heard: bool,
     idle_polls: u32,
     checks: u32,
     /// When the connection failed (the QP went to the error state).
@@ -177,6 +178,7 @@ impl Connection {
             label: device.to_string(),
             live: Liveness::new(queues.peer_timeout, Instant::now()),
             saw_progress: false,
+            heard: false,
             idle_polls: 0,
             checks: 0,
             failed_at: None,
@@ -357,9 +359,6 @@ impl Connection {
                 self.on_completion(wc);
             }
             total += n;
-            if n > 0 {
-                self.saw_progress = true;
-            }
             if n < wcs.len() {
                 self.idle_polls = self.idle_polls.wrapping_add(1);
                 if self.idle_polls.is_multiple_of(IDLE_POLLS_EVERY) {
@@ -390,6 +389,9 @@ impl Connection {
     fn tick(&mut self, now: Instant) {
         if std::mem::take(&mut self.saw_progress) {
             self.live.sign_of_life(now);
+        }
+        if std::mem::take(&mut self.heard) {
+            self.live.received(now);
         }
         if let Some(at) = self.failed_at {
             if self.tx.outstanding() > 0 && now.saturating_duration_since(at) > DRAIN_LIMIT {
@@ -440,9 +442,11 @@ impl Connection {
     fn on_completion(&mut self, wc: &ibv_wc) {
         let status = wc_status(wc);
         if wc.wr_id & RECV_BIT != 0 {
+            self.heard = true;
             self.on_receive(wc, status);
             return;
         }
+        self.saw_progress = true;
         let mut events = std::mem::take(&mut self.events);
         self.tx
             .complete(wc.wr_id, &status, wc_opcode(wc.opcode), &mut events);

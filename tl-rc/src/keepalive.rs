@@ -13,15 +13,21 @@
 //!   receive buffer. If it has not completed within the other half, the peer
 //!   is dead.
 //!
-//! Completions and received messages that arrive while a keepalive is out
-//! count too: its deadline runs from the later of its post and them. Bytes
-//! we posted ahead of the completion waited for extend either wait by the
-//! time they take at [`FLOOR_BANDWIDTH`], so that our own large transfers
-//! do not make a live peer look dead.
+//! Send completions that arrive while a keepalive is out count too: its
+//! deadline runs from the later of its post and them. Bytes we posted ahead
+//! of the completion waited for extend either wait by the time they take at
+//! [`FLOOR_BANDWIDTH`], so that our own large transfers do not make a live
+//! peer look dead.
 //!
-//! Either way a peer that dies is found within the peer timeout (plus that
-//! extension) of its last sign of life, give or take how often the
-//! endpoint looks at the clock.
+//! Only our send queue's completions (the keepalive's among them) are signs
+//! of life for these deadlines. Messages received from the peer say nothing
+//! about its taking ours (a peer that stops reposting its receive buffers
+//! leaves our sends retrying RNR for ever, and may still send to us): they
+//! delay the keepalive of an idle endpoint, and never a deadline running.
+//!
+//! Either way a peer that dies, or stops taking what we send, is found
+//! within the peer timeout (plus that extension) of our send queue's last
+//! progress, give or take how often the endpoint looks at the clock.
 
 use std::time::{Duration, Instant};
 
@@ -79,8 +85,12 @@ pub enum Death {
 #[derive(Debug)]
 pub struct Liveness {
     peer_timeout: Duration,
-    /// The last completion, or the first post after a quiet spell.
+    /// The last send completion, or the first post after a quiet spell:
+    /// the deadlines count from it.
     last_sign: Instant,
+    /// The last message received: it only delays the keepalive of an idle
+    /// endpoint.
+    last_heard: Instant,
     /// When the keepalive still outstanding was posted.
     probe: Option<Instant>,
 }
@@ -91,6 +101,7 @@ impl Liveness {
         Liveness {
             peer_timeout,
             last_sign: now,
+            last_heard: now,
             probe: None,
         }
     }
@@ -106,17 +117,17 @@ impl Liveness {
         self.peer_timeout / 2
     }
 
-    /// A completion came (the peer's NIC answered), or the first post after
-    /// nothing was outstanding: the clock starts again.
+    /// A send completion came (the peer's NIC took what we sent), or the
+    /// first post after nothing was outstanding: the clock starts again.
     pub fn sign_of_life(&mut self, now: Instant) {
         self.last_sign = now;
     }
 
-    /// A message from the peer arrived at `now`.
+    /// A message from the peer arrived at `now`: the peer is there, but
+    /// this says nothing about its taking what we send, so it only delays
+    /// the keepalive of an endpoint with nothing outstanding.
     pub fn received(&mut self, now: Instant) {
-        // As the connection takes it today: any completion is a sign of
-        // life.
-        self.sign_of_life(now);
+        self.last_heard = self.last_heard.max(now);
     }
 
     /// The keepalive was posted at `now`.
@@ -144,9 +155,10 @@ impl Liveness {
     pub fn tick(&self, now: Instant, queue: SendQueue) -> Verdict {
         let slack = Self::slack(queue.bytes_ahead);
         if let Some(sent) = self.probe {
-            // Counted from the later of the probe and the last sign of
-            // life: completions and messages that arrived meanwhile say the
-            // peer is alive, whatever the probe waits behind.
+            // Counted from the later of the probe and the last send
+            // completion: the operations ahead of the probe are moving.
+            // Messages received do not count: the probe may be stuck
+            // behind sends the peer never takes.
             let waited = now.saturating_duration_since(sent.max(self.last_sign));
             if waited > self.peer_timeout - self.interval() + slack {
                 return Verdict::Dead(Death::KeepaliveUnanswered { waited });
@@ -165,6 +177,13 @@ impl Liveness {
             }
             return Verdict::Alive;
         }
+        // With nothing of ours outstanding, a message from the peer is as
+        // good as a probe's answer; with unsignalled posts outstanding it
+        // says nothing about them.
+        let quiet = match queue.outstanding {
+            0 => now.saturating_duration_since(self.last_sign.max(self.last_heard)),
+            _ => quiet,
+        };
         if quiet >= self.interval() && queue.credits > 0 {
             Verdict::Probe
         } else {
@@ -289,9 +308,9 @@ mod tests {
         ));
     }
 
-    /// Review finding 3a: completions (or active messages) that arrive
-    /// while a keepalive is out are signs of life: the keepalive's deadline
-    /// counts from the later of its post and the last of them.
+    /// Review finding 3a: send completions that arrive while a keepalive
+    /// is out are signs of life: the keepalive's deadline counts from the
+    /// later of its post and the last of them.
     #[test]
     fn signs_of_life_while_a_probe_is_out_keep_the_peer_alive() {
         let t0 = Instant::now();
