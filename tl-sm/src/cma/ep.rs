@@ -121,11 +121,13 @@ impl CmaEp {
         Ok(Status::Done)
     }
 
-    /// [`transfer`] on the peer's pid, once its pidfd says, asked right
-    /// now, that the peer still runs: then the pid is still the peer's (a
-    /// pid is recycled only after its process exited), not a recycled one's.
-    /// The window left is the few instructions between that poll and the
-    /// system call, against a pid reused within them.
+    /// [`transfer`] on the peer's pid, each of its process_vm_* calls (a
+    /// partial result is finished with another) once the peer's pidfd
+    /// says, asked right then, that the peer still runs: then the pid is
+    /// still the peer's (a pid is recycled only after its process exited),
+    /// not a recycled one's. The window left is the few instructions
+    /// between that poll and the system call, against a pid reused within
+    /// them.
     ///
     /// # Safety
     /// As [`transfer`].
@@ -135,9 +137,9 @@ impl CmaEp {
         addr: u64,
         direction: Direction,
     ) -> Result<()> {
-        self.peer.check_now()?;
+        let peer = &mut self.peer;
         // SAFETY: forwarded from this function's contract.
-        unsafe { transfer(self.pid, pieces, addr, direction) }
+        unsafe { transfer(self.pid, pieces, addr, direction, || peer.check_now()) }
     }
 
     fn no(what: &str) -> UctError {

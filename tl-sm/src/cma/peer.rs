@@ -14,22 +14,35 @@ use crate::host;
 /// How long [`PeerProcess::check`] answers from its last probe.
 const PROBE_INTERVAL: Duration = Duration::from_millis(2);
 
-/// `pidfd_open(pid)`: `Ok(None)` when the kernel has no pidfds (before
-/// Linux 5.3) or `pid` is not a process's leader; `Err` with ESRCH when no
-/// process has that pid.
-fn pidfd_open(pid: u32) -> std::io::Result<Option<OwnedFd>> {
+/// `pidfd_open(pid)`: `Ok(Err(why))` when no pidfd could be had (the
+/// kernel has none before Linux 5.3, `pid` is not a process's leader, or
+/// the open failed: EMFILE, ENOMEM); `Err` with ESRCH when no process has
+/// that pid.
+fn pidfd_open(pid: u32) -> std::io::Result<Result<OwnedFd, std::io::Error>> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1;
     // no memory is passed.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     if fd >= 0 {
         // SAFETY: the syscall returned a fresh fd that nothing else owns.
-        return Ok(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }));
+        return Ok(Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) }));
     }
     let e = std::io::Error::last_os_error();
     match e.raw_os_error() {
         Some(libc::ESRCH) => Err(e),
-        _ => Ok(None),
+        _ => Ok(Err(e)),
     }
+}
+
+/// The warning for an endpoint to `pid` left without a pidfd by `why`;
+/// none for ENOSYS (a kernel without pidfds: the documented fallback).
+fn downgrade_warning(pid: u32, why: &std::io::Error) -> Option<String> {
+    let errno = why.raw_os_error()?;
+    if errno == libc::ENOSYS {
+        return None;
+    }
+    Some(format!(
+        "cma: pidfd_open of peer process {pid} failed (errno {errno}: {why}); the endpoint watches that pid with kill(pid, 0) for good, which cannot tell the peer from a later process given its pid after it dies; raise the open-file limit (ulimit -n) if it is EMFILE, and recreate the endpoint"
+    ))
 }
 
 /// Whether the process of `pidfd` has exited (its pidfd is readable then;
@@ -54,14 +67,15 @@ pub(crate) fn is_gone(pid: u32) -> bool {
     }
     match pidfd_open(pid) {
         Err(_) => true,
-        Ok(Some(fd)) => exited(&fd),
-        Ok(None) => !host::pid_alive(pid),
+        Ok(Ok(fd)) => exited(&fd),
+        Ok(Err(_)) => !host::pid_alive(pid),
     }
 }
 
 /// An endpoint's peer process, held by a pidfd opened when the endpoint
-/// was made. Without pidfds (Linux before 5.3) it asks signal 0 on the pid,
-/// which cannot tell a recycled pid.
+/// was made. Without a pidfd (Linux before 5.3, or pidfd_open failed: that
+/// is logged as a warning) it asks signal 0 on the pid, which cannot tell a
+/// recycled pid.
 #[derive(Debug)]
 pub(crate) struct PeerProcess {
     pid: u32,
@@ -73,8 +87,13 @@ pub(crate) struct PeerProcess {
 impl PeerProcess {
     pub(crate) fn new(pid: u32) -> Self {
         let (pidfd, gone) = match pidfd_open(pid) {
-            Ok(Some(fd)) => (Some(fd), false),
-            Ok(None) => (None, !host::pid_alive(pid)),
+            Ok(Ok(fd)) => (Some(fd), false),
+            Ok(Err(why)) => {
+                if let Some(warning) = downgrade_warning(pid, &why) {
+                    log::warn!("{warning}");
+                }
+                (None, !host::pid_alive(pid))
+            }
             Err(_) => (None, true),
         };
         PeerProcess {
@@ -115,5 +134,27 @@ impl PeerProcess {
             return Ok(());
         }
         self.check_now()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review 2 of issue 12: a pidfd_open failure other than ESRCH leaves
+    /// the endpoint on kill(pid, 0) for good, which is worth a warning that
+    /// names the pid and the errno; a kernel without pidfds is not.
+    #[test]
+    fn a_failed_pidfd_open_is_warned_of_with_the_pid_and_errno() {
+        let emfile = std::io::Error::from_raw_os_error(libc::EMFILE);
+        let warning = downgrade_warning(4242, &emfile).expect("a warning for EMFILE");
+        assert!(warning.contains("4242"), "{warning}");
+        assert!(
+            warning.contains(&format!("errno {}", libc::EMFILE)),
+            "{warning}"
+        );
+        assert!(warning.contains("ulimit -n"), "{warning}");
+        let enosys = std::io::Error::from_raw_os_error(libc::ENOSYS);
+        assert_eq!(downgrade_warning(4242, &enosys), None);
     }
 }

@@ -28,7 +28,10 @@ fn errno_error(pid: u32, e: std::io::Error) -> UctError {
 }
 
 /// Moves the local pieces (pointer, length) to or from `remote_addr` in
-/// process `pid`, finishing partial transfers.
+/// process `pid`, finishing partial transfers. `before_each` runs right
+/// before every process_vm_* call, the first and each one after a partial
+/// result (which a peer dying mid-call produces); its error ends the
+/// transfer there.
 ///
 /// # Safety
 /// Every piece must be valid for the whole call: readable for `len` bytes
@@ -39,6 +42,7 @@ pub unsafe fn transfer(
     local: &[(*mut u8, usize)],
     remote_addr: u64,
     direction: Direction,
+    mut before_each: impl FnMut() -> Result<(), UctError>,
 ) -> Result<(), UctError> {
     let total: usize = local.iter().map(|(_, len)| len).sum();
     let mut done = 0usize;
@@ -64,6 +68,7 @@ pub unsafe fn transfer(
             iov_base: (remote_addr + done as u64) as *mut libc::c_void,
             iov_len: total - done,
         };
+        before_each()?;
         count_transfer();
         // SAFETY: the local iovecs lie inside the caller's pieces, valid
         // for this direction for the whole call (the caller's contract);
