@@ -16,7 +16,7 @@ use uct_core::{Completion, UctError};
 
 use crate::outgoing::Outgoing;
 pub use crate::outgoing::Payload;
-use crate::sockopt::set_peer_timeout;
+use crate::sockopt::{delay_acks, send_owed_ack, set_peer_timeout};
 use crate::wire::{self, Header, Parsed};
 
 /// Bytes a connection queues before senders get NoResource.
@@ -48,6 +48,13 @@ pub struct Conn {
     /// Remembered: the kernel forgets it once the connection is reset.
     peer: String,
     peer_ip: Option<IpAddr>,
+    /// Bytes were read since the last [`send_owed_ack`](Self::send_owed_ack)
+    /// or the last bytes written (which carry the ACK): the kernel may hold
+    /// back their ACK.
+    ack_owed: bool,
+    /// Writes that took bytes, counted: the iface sends held-back ACKs
+    /// after it wrote something (`Link::idle`).
+    writes: u64,
 }
 
 impl Conn {
@@ -66,6 +73,7 @@ impl Conn {
             .set_nodelay(true)
             .map_err(|e| UctError::io("tcp: set TCP_NODELAY", e))?;
         set_peer_timeout(&stream, peer_timeout)?;
+        delay_acks(stream.as_raw_fd());
         let peer_addr = stream.peer_addr().ok();
         let peer = peer_addr
             .map(|a| a.to_string())
@@ -85,6 +93,8 @@ impl Conn {
             expect: 0,
             peer,
             peer_ip: peer_addr.map(|a| a.ip()),
+            ack_owed: false,
+            writes: 0,
         })
     }
 
@@ -322,7 +332,7 @@ impl Conn {
             }
         };
         if sent > 0 {
-            self.last_sent = Instant::now();
+            self.wrote();
         }
         if sent == total {
             return Ok(());
@@ -399,7 +409,7 @@ impl Conn {
             let mut sent = n as usize;
             total += sent;
             if sent > 0 {
-                self.last_sent = Instant::now();
+                self.wrote();
             }
             self.queued = self.queued.saturating_sub(sent);
             while sent > 0 {
@@ -424,6 +434,19 @@ impl Conn {
             }
         }
         Ok(total)
+    }
+
+    /// The socket took bytes: the peer is taking them, and they carry the
+    /// ACK of what was read.
+    fn wrote(&mut self) {
+        self.last_sent = Instant::now();
+        self.ack_owed = false;
+        self.writes = self.writes.wrapping_add(1);
+    }
+
+    /// Writes that took bytes so far (wrapping).
+    pub fn writes(&self) -> u64 {
+        self.writes
     }
 
     /// Drops the written frame at the head of the queue, firing its
@@ -489,6 +512,7 @@ impl Conn {
                     )))
                 }
                 n if n > 0 => {
+                    self.ack_owed = true;
                     // SAFETY: recv initialised n bytes past `at`.
                     unsafe { self.rbuf.set_len(at + n as usize) };
                     if (n as usize) < spare {
@@ -559,6 +583,7 @@ impl Conn {
                 )
             };
             if n > 0 {
+                self.ack_owed = true;
                 return Ok(n as usize);
             }
             if n == 0 && len > 0 {
@@ -573,6 +598,18 @@ impl Conn {
                 ErrorKind::Interrupted => {}
                 _ => return Err(peer_error("receive", &self.peer(), e)),
             }
+        }
+    }
+
+    /// Sends the ACK held back for what was read (see
+    /// [`delay_acks`](crate::sockopt::delay_acks)), if anything was read
+    /// since the last call or write: for a link with nothing to do, once
+    /// this side has answered on another link, so that the ACK is off the
+    /// path of the answer (a one-way stream is left to the kernel's ACKs).
+    pub fn send_owed_ack(&mut self) {
+        if self.ack_owed {
+            self.ack_owed = false;
+            send_owed_ack(self.stream.as_raw_fd());
         }
     }
 

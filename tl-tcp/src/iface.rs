@@ -152,6 +152,10 @@ pub struct TcpIface {
     polled: Vec<Arc<Mutex<Link>>>,
     reading: Vec<bool>,
     ams: AmBatch,
+    /// The links' writes counted at the last progress call: when they
+    /// changed, this side wrote something since, and idle links send the
+    /// ACKs they held back.
+    writes: u64,
 }
 
 impl TcpIface {
@@ -181,6 +185,7 @@ impl TcpIface {
             polled: Vec::new(),
             reading: Vec::new(),
             ams: AmBatch::default(),
+            writes: 0,
         })
     }
 
@@ -374,6 +379,7 @@ impl Iface for TcpIface {
         });
         let reading = &mut self.reading;
         reading.clear();
+        let mut writes = 0u64;
         for link in &links {
             let state = link.lock().unwrap_or_else(|p| p.into_inner());
             pfds.push(state.poll_fd().unwrap_or(libc::pollfd {
@@ -382,7 +388,11 @@ impl Iface for TcpIface {
                 revents: 0,
             }));
             reading.push(state.wants_progress());
+            writes = writes.wrapping_add(state.conn.writes());
         }
+        // Only a change counts (links come and go).
+        let wrote = writes != self.writes;
+        self.writes = writes;
         // SAFETY: `pfds` is a Vec of pfds.len() initialised pollfd entries,
         // exclusively borrowed for the call; poll writes only their revents
         // fields. Entries with fd -1 are ignored by poll.
@@ -393,7 +403,7 @@ impl Iface for TcpIface {
             if (ready > 0 && self.pfds[1 + i].revents != 0) || self.reading[i] {
                 events += state.progress(&self.table, &mut self.ams);
             } else {
-                state.idle();
+                state.idle(wrote);
             }
             drop(state);
             // Outside the link's lock: a handler may send on the same link.

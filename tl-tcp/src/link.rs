@@ -324,9 +324,14 @@ impl Link {
         })
     }
 
-    /// With nothing to read or write: only the timeouts.
-    pub(crate) fn idle(&mut self) {
+    /// With nothing to read or write: the ACK held back for what was read
+    /// when this side `wrote` anything since the last progress call (an
+    /// answer, whose path the ACK stayed off), and the timeouts.
+    pub(crate) fn idle(&mut self, wrote: bool) {
         if self.failed.is_none() {
+            if wrote {
+                self.conn.send_owed_ack();
+            }
             if let Err(e) = self.check_timeout() {
                 self.fail(e);
             }

@@ -2,7 +2,7 @@
 //! peer is tolerated before the kernel reports the connection failed.
 
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use uct_core::UctError;
@@ -73,4 +73,39 @@ pub(crate) fn set_peer_timeout(stream: &TcpStream, t: Duration) -> Result<(), Uc
         3,
         "TCP_KEEPCNT",
     )
+}
+
+/// TCP_QUICKACK on a socket, errors ignored: it only moves ACKs in time.
+fn set_quickack(fd: RawFd, value: i32) {
+    // SAFETY: TCP_QUICKACK reads one int at the pointer, a live local of
+    // the size passed; a bad fd is an error return, nothing more.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_QUICKACK,
+            &value as *const i32 as *const libc::c_void,
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Puts the socket's ACKs in delayed mode (TCP_QUICKACK off): a read no
+/// longer sends an ACK for each small frame on the spot. A link carries
+/// frames one way only, so no data of ours takes the ACK along, and a pure
+/// ACK sent inside the recv of a request delays its answer (each costs a
+/// segment through the stack). [`send_owed_ack`] sends it once this side
+/// has answered and the link is quiet; the kernel still ACKs every second
+/// small segment, full segments and on its delayed-ACK timer.
+pub(crate) fn delay_acks(fd: RawFd) {
+    set_quickack(fd, 0);
+}
+
+/// Sends the ACK the socket owes for what was read, if any, and goes back
+/// to delayed mode (the kernel leaves it when its delayed-ACK timer fires).
+/// Two calls: TCP_QUICKACK 2 alone would leave delayed mode for good when
+/// no ACK is owed.
+pub(crate) fn send_owed_ack(fd: RawFd) {
+    set_quickack(fd, 1);
+    set_quickack(fd, 0);
 }
