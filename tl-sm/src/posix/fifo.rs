@@ -12,6 +12,8 @@
 //! id no producer could have written is dropped, never delivered.
 
 use std::cell::Cell;
+#[cfg(test)]
+use std::cell::RefCell;
 use std::mem::MaybeUninit;
 use std::ptr::addr_of_mut;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,6 +105,20 @@ pub struct Ring {
     /// keeps rewriting `head`.
     #[cfg(test)]
     fail_claims: Cell<bool>,
+    /// Tests: called at each [`Stage`] of a push with the position it
+    /// claimed, as if the producer were stopped there (SIGSTOP, preemption).
+    #[cfg(test)]
+    pause: RefCell<Option<Box<dyn FnMut(Stage, u64) + Send>>>,
+}
+
+/// Tests: where a push is in its message.
+#[cfg(test)]
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Stage {
+    /// `head` moved past the position: it is claimed.
+    Claimed,
+    /// The slot is marked as being written by this process.
+    Marked,
 }
 
 /// What a push did.
@@ -182,6 +198,8 @@ impl Ring {
             skip_until: Cell::new(0),
             #[cfg(test)]
             fail_claims: Cell::new(false),
+            #[cfg(test)]
+            pause: RefCell::new(None),
         }
     }
 
@@ -232,6 +250,14 @@ impl Ring {
     /// (default 1 s).
     pub(crate) fn set_stuck_after(&mut self, after: Duration) {
         self.stuck_after = after;
+    }
+
+    /// Tests: runs the pause hook, if any, at `stage` of position `pos`.
+    #[cfg(test)]
+    fn paused(&self, stage: Stage, pos: u64) {
+        if let Some(hook) = self.pause.borrow_mut().as_mut() {
+            hook(stage, pos);
+        }
     }
 
     fn header(&self) -> &RingHeader {
@@ -332,6 +358,10 @@ impl Ring {
                 break head;
             }
         };
+        #[cfg(test)]
+        self.paused(Stage::Claimed, pos);
+        #[cfg(test)]
+        self.paused(Stage::Marked, pos);
         let slot = self.slot(pos);
         // SAFETY: `slot` points at a slot inside the mapping (see `slot`);
         // addr_of_mut makes no reference to it.

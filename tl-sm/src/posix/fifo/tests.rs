@@ -433,3 +433,125 @@ fn a_push_gives_up_when_every_claim_fails() {
     assert!(matches!(push(&pair.producer, 1, &[b"x"]), Push::Done));
     assert_eq!(drain_all(&pair.consumer), vec![(1, b"x".to_vec())]);
 }
+
+/// How long the consumers of the paused-sender tests wait for a claimed
+/// slot before they take it for stuck.
+const BOUND: Duration = Duration::from_millis(30);
+
+/// A ring whose consumer skips after [`BOUND`], and a producer on a thread
+/// of its own whose first push stops at `stage` until told to go on: the
+/// join handle of that push, the position it claimed, and the sender that
+/// resumes it.
+struct Paused {
+    pair: Pair,
+    push: std::thread::JoinHandle<Push>,
+    pos: u64,
+    resume: std::sync::mpsc::Sender<()>,
+}
+
+fn paused_at(stage: Stage) -> Paused {
+    let mut pair = pair();
+    pair.consumer.set_stuck_after(BOUND);
+    let paused = Ring::attach(peer_map(&pair._fd), std::process::id()).unwrap();
+    let (claimed_tx, claimed_rx) = std::sync::mpsc::channel();
+    let (resume, resume_rx) = std::sync::mpsc::channel::<()>();
+    let mut once = Some((claimed_tx, resume_rx));
+    *paused.pause.borrow_mut() = Some(Box::new(move |at, pos| {
+        if at != stage {
+            return;
+        }
+        if let Some((claimed, resume)) = once.take() {
+            claimed.send(pos).unwrap();
+            // Stopped until the test says so (or gives up on it).
+            let _ = resume.recv_timeout(Duration::from_secs(30));
+        }
+    }));
+    let push = std::thread::spawn(move || {
+        paused
+            .push(9, &[b"the paused sender's message"])
+            .expect("push")
+    });
+    let pos = claimed_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the paused sender claimed no position");
+    Paused {
+        pair,
+        push,
+        pos,
+        resume,
+    }
+}
+
+/// Drains for `how_long`; nothing may arrive.
+fn nothing_arrives(ring: &Ring, how_long: Duration, what: &str) {
+    let start = Instant::now();
+    while start.elapsed() < how_long {
+        assert!(drain_all(ring).is_empty(), "{what}");
+    }
+}
+
+#[test]
+fn a_sender_paused_after_its_claim_loses_nothing_when_the_ring_wraps() {
+    // A claims position 0 (its CAS on head) and is stopped there for more
+    // than the bound; the consumer skips position 0; B sends a lap of
+    // messages, the last of them at position 256, slot 0 again. When A goes
+    // on it must neither write over B's message nor lose its own.
+    let p = paused_at(Stage::Claimed);
+    assert_eq!(p.pos, 0);
+    nothing_arrives(&p.pair.consumer, BOUND * 4, "nothing was sent");
+    for k in 1..SLOTS {
+        assert!(matches!(
+            push(&p.pair.producer, 1, &[&body(k, 100)]),
+            Push::Done
+        ));
+    }
+    let got = drain_until(&p.pair.consumer, SLOTS as usize - 1, Duration::from_secs(5));
+    assert_eq!(got.len(), SLOTS as usize - 1, "B's first messages");
+    assert!(matches!(
+        push(&p.pair.producer, 1, &[&body(SLOTS, 100)]),
+        Push::Done
+    ));
+    p.resume.send(()).unwrap();
+    assert!(matches!(p.push.join().unwrap(), Push::Done));
+    let got = drain_until(&p.pair.consumer, 2, Duration::from_secs(2));
+    assert_eq!(
+        got,
+        vec![
+            (1, body(SLOTS, 100)),
+            (9, b"the paused sender's message".to_vec())
+        ],
+        "B's message at position 256, then A's"
+    );
+    nothing_arrives(&p.pair.consumer, BOUND * 2, "more than was sent");
+}
+
+#[test]
+fn a_sender_paused_mid_copy_is_waited_for_while_it_lives() {
+    // A marked its slot and is stopped mid-copy for more than the bound: a
+    // live sender's message is not skipped, so the ring fills behind it
+    // and nothing is delivered past it until it goes on.
+    let p = paused_at(Stage::Marked);
+    assert_eq!(p.pos, 0);
+    nothing_arrives(&p.pair.consumer, BOUND * 4, "nothing was published");
+    for k in 1..SLOTS {
+        assert!(matches!(
+            push(&p.pair.producer, 1, &[&body(k, 100)]),
+            Push::Done
+        ));
+    }
+    assert!(
+        matches!(push(&p.pair.producer, 1, &[b"one too many"]), Push::Full),
+        "the paused sender's slot was given to another"
+    );
+    nothing_arrives(
+        &p.pair.consumer,
+        BOUND * 4,
+        "delivered past a live sender's slot",
+    );
+    p.resume.send(()).unwrap();
+    assert!(matches!(p.push.join().unwrap(), Push::Done));
+    let got = drain_until(&p.pair.consumer, SLOTS as usize, Duration::from_secs(5));
+    let mut want = vec![(9, b"the paused sender's message".to_vec())];
+    want.extend((1..SLOTS).map(|k| (1, body(k, 100))));
+    assert!(got == want, "{} messages, not A's then B's", got.len());
+}
