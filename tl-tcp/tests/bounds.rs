@@ -198,6 +198,41 @@ fn at_the_cap_an_idle_link_gives_way_to_a_new_peer() -> Result<(), Failed> {
     ensure(closed >= 1, || "no idle link was closed".into())
 }
 
+/// At UCT_TCP_MAX_ACCEPTED, a link that carried requests is never closed
+/// to make room, however long it has been idle: a peer that talks now and
+/// then keeps its link while anyone with our address (the cookie is in
+/// it) fills the cap with links that said Hello and keeps connecting.
+fn at_the_cap_a_link_that_carried_requests_is_not_closed_for_a_new_one() -> Result<(), Failed> {
+    let victim = Victim::spawn(&[
+        ("UCT_TCP_MAX_ACCEPTED", "4"),
+        ("UCT_TCP_PEER_TIMEOUT", "1s"),
+    ]);
+    let mut good = victim.legit_peer()?;
+    good.transfer(13, Duration::from_secs(5))
+        .map_err(|e| format!("the good peer before the attack: {e}"))?;
+    // The good peer idles past the peer timeout, as apps that talk
+    // occasionally do.
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut attack = Vec::new();
+    for _ in 0..3 {
+        attack.push(hello_link(&victim)?);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    // The cap is full of fresh links: each newcomer now asks for room.
+    for _ in 0..8 {
+        let mut s = connect(victim.peer().socket_addr());
+        let _ = send(&mut s, &honest_hello(victim.peer()));
+        attack.push(s);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let open = attack.len() - count_closed(&mut attack, Duration::from_millis(10));
+    println!("attacker's links still open: {open} of {}", attack.len());
+    good.transfer(14, Duration::from_secs(5))
+        .map_err(|e| format!("the good peer after 1.5 s idle and 8 connections at the cap: {e}"))?;
+    Ok(())
+}
+
 /// The cookie of the fake peers here.
 const FAKE_COOKIE: u64 = 0x0c00_c1e5;
 
@@ -514,6 +549,10 @@ fn main() {
         Trial::test(
             "at_the_cap_an_idle_link_gives_way_to_a_new_peer",
             at_the_cap_an_idle_link_gives_way_to_a_new_peer,
+        ),
+        Trial::test(
+            "at_the_cap_a_link_that_carried_requests_is_not_closed_for_a_new_one",
+            at_the_cap_a_link_that_carried_requests_is_not_closed_for_a_new_one,
         ),
         Trial::test(
             "junk_connections_cost_a_peer_nothing",
