@@ -1,8 +1,17 @@
 //! The receive ring of a posix iface: a shared-memory segment with a fixed
 //! number of slots, many producers (peer endpoints) and one consumer (the
-//! iface). Producers claim a slot with one compare-and-swap on `head`,
-//! fill it, and publish it by storing its sequence number; the consumer
-//! reads slots in order and advances `tail`. No locks on either side.
+//! iface). Producers claim a position with one compare-and-swap on `head`,
+//! mark its slot as theirs with a second one on the slot's sequence number
+//! (from "free for this position" to "being written by process P"), fill
+//! it, and publish it with a third (to "position + 1"); the consumer reads
+//! slots in order and advances `tail`. No locks on either side.
+//!
+//! A slot left unpublished too long is skipped by the consumer only with a
+//! compare-and-swap of its own: one that was claimed but never marked (its
+//! producer then finds the mark refused and claims another position), or
+//! one marked by a process that has exited. A live producer that is only
+//! stopped (SIGSTOP, a debugger) is waited for, so it never loses its
+//! message nor writes over a later lap's.
 //!
 //! Every process that maps the ring can write all of it, so nothing read
 //! from it is trusted: slot positions are reduced modulo [`SLOTS`] before
@@ -15,6 +24,7 @@ use std::cell::Cell;
 #[cfg(test)]
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::addr_of_mut;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,7 +37,7 @@ use crate::segment::Mapping;
 pub const SLOTS: u64 = 256;
 /// Bytes of data one slot holds: the largest active message.
 pub const SLOT_DATA: usize = 8192;
-const MAGIC: u64 = u64::from_le_bytes(*b"UCTFIFO1");
+const MAGIC: u64 = u64::from_le_bytes(*b"UCTFIFO2");
 /// Most slots one drain consumes: producers that publish as fast as the
 /// consumer drains must not hold one progress call for ever.
 const DRAIN_BUDGET: u64 = SLOTS;
@@ -56,7 +66,9 @@ struct RingHeader {
 
 #[repr(C)]
 struct Slot {
-    /// Position + 1 once the slot holds the message of that position.
+    /// Position + 1 once the slot holds the message of that position (and
+    /// then "free" for the position a lap later, see [`free_for`]), or
+    /// [`writing`] while a producer fills it.
     seq: AtomicU64,
     len: AtomicU64,
     id: AtomicU64,
@@ -69,6 +81,52 @@ const HEADER_BYTES: usize = 384;
 const _: () = assert!(std::mem::size_of::<RingHeader>() == HEADER_BYTES);
 const _: () = assert!(std::mem::size_of::<Slot>().is_multiple_of(std::mem::align_of::<Slot>()));
 const _: () = assert!(HEADER_BYTES.is_multiple_of(std::mem::align_of::<Slot>()));
+
+// Marks tell themselves from positions by their remainder modulo SLOTS,
+// which needs SLOTS to divide 2^64 and to fit the mark's low byte.
+const _: () = assert!(SLOTS.is_power_of_two() && SLOTS <= 256);
+
+/// The sequence number of a slot free for position `pos`: the position a
+/// lap before it, published (and consumed or skipped).
+fn free_for(pos: u64) -> u64 {
+    pos.wrapping_sub(SLOTS).wrapping_add(1)
+}
+
+/// The sequence number of the slot of position `pos` while process `pid`
+/// writes it: its remainder modulo [`SLOTS`] is one more than that of every
+/// position + 1 this slot holds, so it is never taken for one.
+fn writing(pid: u32, pos: u64) -> u64 {
+    (u64::from(pid) << 8) | (pos.wrapping_add(2) % SLOTS)
+}
+
+/// The process whose [`writing`] mark for position `pos` `seq` is, if it is
+/// one.
+fn writer(seq: u64, pos: u64) -> Option<u32> {
+    let pid = seq >> 8;
+    (seq % SLOTS == pos.wrapping_add(2) % SLOTS && pid != 0 && pid <= u64::from(u32::MAX))
+        .then_some(pid as u32)
+}
+
+/// Whether process `pid` has exited (a zombie included): its pidfd is
+/// readable, or there is no such process.
+fn exited(pid: u32) -> bool {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1;
+    // no memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return !crate::host::pid_alive(pid);
+    }
+    // SAFETY: the syscall returned a fresh fd that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, timeout 0: poll only reads and writes it.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+}
 
 /// Bytes of data a ring needs.
 pub fn ring_bytes() -> usize {
@@ -83,6 +141,8 @@ pub struct Ring {
     /// consumer, the one the iface address named for a producer (never what
     /// the shared header says).
     pid: u32,
+    /// This process, as its [`writing`] marks name it.
+    me: u32,
     /// Producer side: the last tail seen; the shared one is read again only
     /// when the ring looks full.
     seen_tail: Cell<u64>,
@@ -101,6 +161,9 @@ pub struct Ring {
     /// Consumer side: unpublished slots before this position were claimed
     /// [`stuck_after`](Self::stuck_after) ago or more; they are skipped.
     skip_until: Cell<u64>,
+    /// Consumer side: the position whose live producer we last said we
+    /// wait for (said once per position).
+    waited: Cell<Option<u64>>,
     /// Tests: every claim's compare-and-swap fails, as when another process
     /// keeps rewriting `head`.
     #[cfg(test)]
@@ -119,6 +182,17 @@ enum Stage {
     Claimed,
     /// The slot is marked as being written by this process.
     Marked,
+}
+
+/// What the consumer did with an unpublished slot it was to skip.
+enum GiveUp {
+    /// Taken from its producer (never marked, or marked by a process that
+    /// exited) or from a corrupt state: passed over.
+    Skipped,
+    /// Marked by a live process: waited for.
+    Wait,
+    /// Published meanwhile: delivered.
+    Published,
 }
 
 /// What a push did.
@@ -173,6 +247,27 @@ fn skip_stuck(pid: u32, from: u64, until: u64, after: Duration) {
     );
 }
 
+/// The consumer waits for the live producer of position `pos`.
+#[cold]
+#[inline(never)]
+fn wait_for_writer(owner: u32, pos: u64, writer: u32, after: Duration) {
+    log::warn!(
+        "posix: ring position {pos} of process {owner} has been written by process {writer} \
+         for over {after:?} and that process is alive (stopped, or in a debugger?): the ring \
+         waits for it, and its other senders find it full meanwhile"
+    );
+}
+
+/// A slot this producer marked was taken from it before it published.
+#[cold]
+fn slot_taken(owner: u32, pos: u64, seq: u64) -> UctError {
+    UctError::Protocol(format!(
+        "posix: ring position {pos} of process {owner} was taken from this sender while it \
+         wrote its message (sequence number now {seq:#x}); another process that maps the ring \
+         rewrote it, so the message is lost: the endpoint fails (reconnect)"
+    ))
+}
+
 /// A published slot that no producer of this library writes: logged, and
 /// its message dropped.
 #[cold]
@@ -190,12 +285,14 @@ impl Ring {
         Ring {
             map,
             pid,
+            me: std::process::id(),
             seen_tail: Cell::new(0),
             tail: Cell::new(0),
             stuck_after: Duration::from_secs(1),
             idle: Cell::new(0),
             stuck: Cell::new(None),
             skip_until: Cell::new(0),
+            waited: Cell::new(None),
             #[cfg(test)]
             fail_claims: Cell::new(false),
             #[cfg(test)]
@@ -219,6 +316,9 @@ impl Ring {
             .store(std::process::id() as u64, Ordering::Relaxed);
         header.head.store(0, Ordering::Relaxed);
         header.tail.store(0, Ordering::Relaxed);
+        for pos in 0..SLOTS {
+            ring.seq(pos).store(free_for(pos), Ordering::Relaxed);
+        }
         header.magic.store(MAGIC, Ordering::Release);
         Ok(ring)
     }
@@ -281,6 +381,13 @@ impl Ring {
                 .data_ptr()
                 .add(HEADER_BYTES + index * std::mem::size_of::<Slot>()) as *mut Slot
         }
+    }
+
+    /// The sequence number of the slot of position `pos`.
+    fn seq(&self, pos: u64) -> &AtomicU64 {
+        // SAFETY: `slot` is inside the mapping and aligned; seq is an atomic,
+        // so a shared reference to it is sound while others write it.
+        unsafe { &(*self.slot(pos)).seq }
     }
 
     /// The process that owns (and drains) the ring: this one, or the one
@@ -353,13 +460,28 @@ impl Ring {
                     Ordering::AcqRel,
                     Ordering::Relaxed,
                 )
+                .is_err()
+            {
+                continue;
+            }
+            #[cfg(test)]
+            self.paused(Stage::Claimed, head);
+            // The slot is ours once marked: the consumer skips a claimed,
+            // unmarked slot (we were stopped past its bound) with a CAS of
+            // its own, and then this one fails and we claim anew.
+            if self
+                .seq(head)
+                .compare_exchange(
+                    free_for(head),
+                    writing(self.me, head),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
                 .is_ok()
             {
                 break head;
             }
         };
-        #[cfg(test)]
-        self.paused(Stage::Claimed, pos);
         #[cfg(test)]
         self.paused(Stage::Marked, pos);
         let slot = self.slot(pos);
@@ -368,10 +490,10 @@ impl Ring {
         let data = unsafe { addr_of_mut!((*slot).data) } as *mut u8;
         let mut at = 0usize;
         for part in parts {
-            // SAFETY: this producer claimed position `pos` with the CAS
-            // above, so an honest peer leaves the slot to it until it
-            // publishes `seq` (a hostile one can only garble bytes in the
-            // slot); at + part.len() <= total <= SLOT_DATA keeps the copy
+            // SAFETY: this producer claimed position `pos` and marked its
+            // slot with the CASes above, so an honest peer leaves the slot
+            // to it until it publishes `seq` (a hostile one can only garble
+            // bytes in the slot); at + part.len() <= total <= SLOT_DATA keeps the copy
             // inside the slot's data; `part` is a caller's slice, not in the
             // ring.
             unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), data.add(at), part.len()) };
@@ -380,12 +502,19 @@ impl Ring {
         // SAFETY: `slot` is inside the mapping and aligned; its fields are
         // atomics, so shared references to them are sound even while the
         // consumer reads them.
-        let (len, msg_id, seq) = unsafe { (&(*slot).len, &(*slot).id, &(*slot).seq) };
+        let (len, msg_id) = unsafe { (&(*slot).len, &(*slot).id) };
         len.store(at as u64, Ordering::Relaxed);
         msg_id.store(id as u64, Ordering::Relaxed);
         // Positions come from shared memory: wrap, never overflow.
-        seq.store(pos.wrapping_add(1), Ordering::Release);
-        Ok(Push::Done)
+        match self.seq(pos).compare_exchange(
+            writing(self.me, pos),
+            pos.wrapping_add(1),
+            Ordering::Release,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => Ok(Push::Done),
+            Err(seq) => Err(slot_taken(self.owner_pid(), pos, seq)),
+        }
     }
 
     /// Consumer: hands each published message to `f`, in order, as a copy
@@ -397,10 +526,10 @@ impl Ring {
     /// the call into the delivery loop.
     ///
     /// A slot claimed but left unpublished for
-    /// [`set_stuck_after`](Self::set_stuck_after) (its producer died
-    /// mid-message) is skipped, so that the messages after it still arrive;
-    /// its producer's late publication, if any, names a position the ring
-    /// has passed and is ignored.
+    /// [`set_stuck_after`](Self::set_stuck_after) is skipped, so that the
+    /// messages after it still arrive, when its producer never marked it
+    /// (that producer then claims another position) or marked it and has
+    /// exited; a live producer's is waited for.
     #[inline]
     pub(crate) fn drain(&self, f: impl FnMut(u8, &[u8])) -> usize {
         if self.has_message() {
@@ -440,8 +569,10 @@ impl Ring {
                     return 0;
                 }
                 self.stuck.set(None);
-                self.skip_until.set(until);
-                skip_stuck(self.pid, pos, until, self.stuck_after);
+                if self.skip_until.get() != until {
+                    self.skip_until.set(until);
+                    skip_stuck(self.pid, pos, until, self.stuck_after);
+                }
                 self.deliver(f)
             }
             _ => {
@@ -449,6 +580,43 @@ impl Ring {
                 0
             }
         }
+    }
+
+    /// Takes the slot of position `pos`, whose sequence number was `seq`
+    /// (not published), from its producer, unless a live process marked
+    /// it: the slot becomes free for the next lap, and a producer that
+    /// claimed `pos` and had not marked it yet finds its mark refused.
+    #[cold]
+    #[inline(never)]
+    fn give_up(&self, pos: u64, mut seq: u64) -> GiveUp {
+        let published = pos.wrapping_add(1);
+        // A few rounds: an honest slot changes state at most twice (marked,
+        // published); a process that keeps rewriting it is waited out.
+        for _ in 0..4 {
+            if seq == published {
+                return GiveUp::Published;
+            }
+            if let Some(pid) = writer(seq, pos) {
+                if !exited(pid) {
+                    if self.waited.get() != Some(pos) {
+                        self.waited.set(Some(pos));
+                        wait_for_writer(self.pid, pos, pid, self.stuck_after);
+                    }
+                    return GiveUp::Wait;
+                }
+            }
+            // Never marked, marked by a process that exited, or corrupt.
+            match self.seq(pos).compare_exchange(
+                seq,
+                published,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return GiveUp::Skipped,
+                Err(now) => seq = now,
+            }
+        }
+        GiveUp::Wait
     }
 
     /// Whether position `pos` is before [`skip_until`](Self::skip_until).
@@ -477,16 +645,22 @@ impl Ring {
             let slot = self.slot(pos);
             // SAFETY: `slot` is inside the mapping and aligned; seq is an
             // atomic.
-            if unsafe { &(*slot).seq }.load(Ordering::Acquire) != pos.wrapping_add(1) {
+            let seq = unsafe { &(*slot).seq }.load(Ordering::Acquire);
+            if seq != pos.wrapping_add(1) {
                 if !self.skipping(pos) {
                     break;
                 }
-                // Claimed long ago and never published: skipped (logged by
-                // unstick).
-                let next = pos.wrapping_add(1);
-                self.tail.set(next);
-                header.tail.store(next, Ordering::Release);
-                continue;
+                // Claimed long ago and never published (logged by unstick).
+                match self.give_up(pos, seq) {
+                    GiveUp::Skipped => {
+                        let next = pos.wrapping_add(1);
+                        self.tail.set(next);
+                        header.tail.store(next, Ordering::Release);
+                        continue;
+                    }
+                    GiveUp::Wait => break,
+                    GiveUp::Published => {}
+                }
             }
             // SAFETY: as above; len and id are atomics.
             let (len, id) = unsafe {
@@ -546,9 +720,19 @@ pub mod layout {
     /// Bytes from one slot to the next.
     pub const SLOT_STRIDE: usize = std::mem::size_of::<Slot>();
     /// Offset of slot `index`'s sequence number (u64: position + 1 once
-    /// published).
+    /// published, [`free_for`] before a producer marks it, [`writing`]
+    /// while it writes).
     pub const fn slot_seq(index: usize) -> usize {
         HEADER_BYTES + index * SLOT_STRIDE + std::mem::offset_of!(Slot, seq)
+    }
+    /// The sequence number of a slot free for position `pos`.
+    pub fn free_for(pos: u64) -> u64 {
+        super::free_for(pos)
+    }
+    /// The sequence number of the slot of position `pos` while process
+    /// `pid` writes it.
+    pub fn writing(pid: u32, pos: u64) -> u64 {
+        super::writing(pid, pos)
     }
     /// Offset of slot `index`'s message length (u64).
     pub const fn slot_len(index: usize) -> usize {

@@ -68,6 +68,16 @@ fn body(k: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Sets the slots of `ring` as those of a ring whose positions before
+/// `head` were all published: each free for its position from `head` on
+/// (tests that start a ring elsewhere than at 0).
+fn slots_free_from(ring: &Ring, head: u64) {
+    for k in 0..SLOTS {
+        let pos = head.wrapping_add(k);
+        ring.seq(pos).store(free_for(pos), Ordering::Relaxed);
+    }
+}
+
 fn push(ring: &Ring, id: u8, parts: &[&[u8]]) -> Push {
     ring.push(id, parts).expect("push")
 }
@@ -220,6 +230,7 @@ fn positions_wrap_around_u64() {
     header.head.store(u64::MAX - 2, Ordering::Relaxed);
     header.tail.store(u64::MAX - 2, Ordering::Relaxed);
     pair.consumer.tail.set(u64::MAX - 2);
+    slots_free_from(&pair.consumer, u64::MAX - 2);
     let mut sent = Vec::new();
     for k in 0..6u64 {
         let data = body(k, 64);
@@ -269,6 +280,7 @@ fn a_full_ring_is_full_whatever_its_positions() {
         let header = consumer.header();
         header.head.store(head, Ordering::Relaxed);
         header.tail.store(tail, Ordering::Relaxed);
+        slots_free_from(&consumer, head);
         let producer = Ring::attach(peer_map(&fd), std::process::id()).unwrap();
         assert!(
             matches!(push(&producer, 1, &[b"x"]), Push::Full),
@@ -554,4 +566,55 @@ fn a_sender_paused_mid_copy_is_waited_for_while_it_lives() {
     let mut want = vec![(9, b"the paused sender's message".to_vec())];
     want.extend((1..SLOTS).map(|k| (1, body(k, 100))));
     assert!(got == want, "{} messages, not A's then B's", got.len());
+}
+
+#[test]
+fn a_slot_marked_by_a_sender_that_exited_is_skipped_after_the_bound() {
+    let mut pair = pair();
+    pair.consumer.set_stuck_after(BOUND);
+    let mut child = std::process::Command::new("true")
+        .spawn()
+        .expect("spawn true");
+    let dead = child.id();
+    child.wait().expect("wait for true");
+    // A sender claimed position 0, marked its slot and died mid-copy.
+    pair.producer.header().head.fetch_add(1, Ordering::AcqRel);
+    pair.producer
+        .seq(0)
+        .store(writing(dead, 0), Ordering::Release);
+    let start = Instant::now();
+    assert!(matches!(push(&pair.producer, 1, &[b"one"]), Push::Done));
+    let got = drain_until(&pair.consumer, 1, Duration::from_secs(5));
+    assert!(
+        start.elapsed() >= BOUND,
+        "skipped after {:?}",
+        start.elapsed()
+    );
+    assert_eq!(got, vec![(1, b"one".to_vec())]);
+    // The ring goes on a lap later through slot 0.
+    for k in 0..SLOTS {
+        assert!(matches!(
+            push(&pair.producer, 2, &[&body(k, 8)]),
+            Push::Done
+        ));
+        assert_eq!(drain_all(&pair.consumer), vec![(2, body(k, 8))]);
+    }
+}
+
+#[test]
+fn a_mark_is_never_a_position() {
+    // A writing mark is never any position + 1 of its own slot, nor free
+    // for one, at any lap or pid.
+    for pos in [0, 1, 255, 256, 1 << 40, u64::MAX - 1, u64::MAX] {
+        for pid in [1, 4_194_304, u32::MAX] {
+            let mark = writing(pid, pos);
+            assert_eq!(writer(mark, pos), Some(pid));
+            for lap in [0u64, 1, 2, 1 << 50] {
+                let other = pos.wrapping_add(lap.wrapping_mul(SLOTS));
+                assert_ne!(mark, other.wrapping_add(1));
+                assert_ne!(mark, free_for(other));
+                assert_eq!(writer(other.wrapping_add(1), pos), None);
+            }
+        }
+    }
 }
