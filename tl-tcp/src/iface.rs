@@ -4,7 +4,9 @@
 //! `progress` polls them all at once, executes the requests that arrive and
 //! completes its endpoints' operations. Accepted connections are capped
 //! (UCT_TCP_MAX_ACCEPTED) and taken a few per progress call; at the cap, a
-//! link without a Hello, then one idle for the peer timeout, gives way; a
+//! link without a Hello, then one that never sent a request and has been
+//! idle for the peer timeout, gives way (a link that carried a request
+//! never does: newcomers are refused); a
 //! failed link leaves the list at the next call, so that junk connections
 //! cost the other peers little.
 
@@ -215,7 +217,7 @@ impl TcpIface {
                         self.refused += 1;
                         if self.refused % 1000 == 1 {
                             log::warn!(
-                                "tcp {}: refusing {peer}: {} connections accepted, each said Hello and was active within UCT_TCP_PEER_TIMEOUT (raise UCT_TCP_MAX_ACCEPTED for more peers); {} refused so far",
+                                "tcp {}: refusing {peer}: {} connections accepted, each said Hello and sent a request or was active within UCT_TCP_PEER_TIMEOUT (raise UCT_TCP_MAX_ACCEPTED for more peers); {} refused so far",
                                 self.dev.name,
                                 self.settings.max_accepted,
                                 self.refused
@@ -250,9 +252,13 @@ impl TcpIface {
 
     /// Whether another accepted link fits under UCT_TCP_MAX_ACCEPTED: there
     /// is room, or a link was closed to make room: the oldest that has not
-    /// said Hello, else the one idle longest if it has been idle (taken in
-    /// no frame, and its peer taken none of its replies) for the peer
-    /// timeout. A link in use is never pushed out by a new one.
+    /// said Hello, else, of the links that said Hello and never sent a
+    /// request, the one idle longest if it has been idle (taken in no
+    /// frame) for the peer timeout. A link that carried a request is never
+    /// pushed out by a new one, however long it has been idle: anyone with
+    /// our address (the cookie is in it) can open links and say Hello, so
+    /// a fresh link proves less than an old one a peer used; at the cap
+    /// newcomers are refused instead.
     fn make_room(&self) -> bool {
         let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         let mut count = 0;
@@ -266,6 +272,7 @@ impl TcpIface {
             count += 1;
             let (since, oldest) = match state.awaiting_hello_since() {
                 Some(since) => (since, &mut unhello),
+                None if state.carried_request() => continue,
                 None => (state.idle_since(), &mut idle),
             };
             if oldest.is_none_or(|(t, _)| since < t) {
@@ -285,7 +292,7 @@ impl TcpIface {
             (None, Some((since, link))) if since.elapsed() >= peer_timeout => (
                 link,
                 format!(
-                    "closed after {:?} idle to make room for a new connection (UCT_TCP_MAX_ACCEPTED={max}, idle for UCT_TCP_PEER_TIMEOUT={peer_timeout:?})",
+                    "closed after {:?} idle without a request to make room for a new connection (UCT_TCP_MAX_ACCEPTED={max}, idle for UCT_TCP_PEER_TIMEOUT={peer_timeout:?})",
                     since.elapsed()
                 ),
             ),

@@ -144,6 +144,9 @@ pub(crate) struct Link {
     paused: bool,
     /// When the link last took in a frame.
     last_frame: Instant,
+    /// The peer has sent a request on this link: it is in use, and never
+    /// closed to make room for a new connection.
+    carried_request: bool,
 }
 
 impl Link {
@@ -162,6 +165,7 @@ impl Link {
             backlog: false,
             paused: false,
             last_frame: now,
+            carried_request: false,
         }
     }
 
@@ -215,6 +219,11 @@ impl Link {
     /// peer taken nothing of what it queued.
     pub(crate) fn idle_since(&self) -> Instant {
         self.last_frame.max(self.conn.last_sent())
+    }
+
+    /// Whether the peer has sent a request on this link.
+    pub(crate) fn carried_request(&self) -> bool {
+        self.carried_request
     }
 
     /// When the link was accepted, while it has not said Hello.
@@ -434,6 +443,9 @@ impl Link {
                         "{} announces {data_len} bytes of data, more than the {limit} it may carry",
                         frame_name(header)
                     )));
+                }
+                if !is_reply(header) {
+                    self.carried_request = true;
                 }
                 if !is_reply(header) && self.replies_wait() {
                     // The peer has not taken its answers yet: its requests
