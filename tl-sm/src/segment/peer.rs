@@ -168,3 +168,71 @@ impl PeerFile {
         Ok(u64::from_ne_bytes(word))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd, OwnedFd};
+
+    use super::*;
+
+    /// A regular file of ours on a filesystem (the test's temp dir) and an
+    /// inotify watch of its opens.
+    fn watched_file(name: &str) -> (std::path::PathBuf, OwnedFd, OwnedFd) {
+        let path = std::env::temp_dir().join(format!("uct-peer-{name}-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 2 * HEADER_SPACE]).unwrap();
+        let cpath = CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a valid path; open returns a new descriptor or -1.
+        let file =
+            unsafe { fd_from_call(libc::open(cpath.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC)) }
+                .unwrap();
+        // SAFETY: inotify_init1 returns a new descriptor or -1.
+        let watch =
+            unsafe { fd_from_call(libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC)) }
+                .unwrap();
+        // SAFETY: a valid descriptor and path.
+        let wd =
+            unsafe { libc::inotify_add_watch(watch.as_raw_fd(), cpath.as_ptr(), libc::IN_OPEN) };
+        assert!(wd >= 0, "{}", std::io::Error::last_os_error());
+        (path, file, watch)
+    }
+
+    #[test]
+    fn a_regular_file_that_is_no_memfd_is_refused_before_it_is_opened() {
+        // A file on a filesystem its owner serves (FUSE, NFS) can block any
+        // open or stat that asks that filesystem: only memfds (the kernel's
+        // internal shm mount) are looked at further, and nothing else is
+        // opened.
+        let (path, file, watch) = watched_file("regular");
+        let got = [Peers::ReadOnly, Peers::ReadWrite].map(|peers| {
+            PeerFile::open(std::process::id(), file.as_raw_fd() as u32, 1, peers).map(|_| ())
+        });
+        let mut events = [0u8; 256];
+        // SAFETY: reads into a live buffer of that size.
+        let n = unsafe { libc::read(watch.as_raw_fd(), events.as_mut_ptr().cast(), events.len()) };
+        let _ = std::fs::remove_file(&path);
+        assert!(n < 0, "the file was opened ({n} bytes of inotify events)");
+        for got in got {
+            assert!(
+                matches!(got, Err(UctError::BadRkey(ref why)) if why.contains("not a memfd")),
+                "{got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn this_executable_is_refused_as_no_memfd() {
+        let exe = std::fs::File::open("/proc/self/exe").unwrap();
+        let got = PeerFile::open(
+            std::process::id(),
+            exe.as_raw_fd() as u32,
+            1,
+            Peers::ReadOnly,
+        )
+        .map(|_| ());
+        assert!(
+            matches!(got, Err(UctError::BadRkey(ref why)) if why.contains("not a memfd")),
+            "{got:?}"
+        );
+    }
+}
