@@ -24,7 +24,6 @@ use std::cell::Cell;
 #[cfg(test)]
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::addr_of_mut;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -32,6 +31,7 @@ use std::time::{Duration, Instant};
 use uct_core::UctError;
 
 use crate::segment::Mapping;
+use marks::{exited, free_for, writer, writing};
 
 /// Slots in a ring.
 pub const SLOTS: u64 = 256;
@@ -82,52 +82,6 @@ const _: () = assert!(std::mem::size_of::<RingHeader>() == HEADER_BYTES);
 const _: () = assert!(std::mem::size_of::<Slot>().is_multiple_of(std::mem::align_of::<Slot>()));
 const _: () = assert!(HEADER_BYTES.is_multiple_of(std::mem::align_of::<Slot>()));
 
-// Marks tell themselves from positions by their remainder modulo SLOTS,
-// which needs SLOTS to divide 2^64 and to fit the mark's low byte.
-const _: () = assert!(SLOTS.is_power_of_two() && SLOTS <= 256);
-
-/// The sequence number of a slot free for position `pos`: the position a
-/// lap before it, published (and consumed or skipped).
-fn free_for(pos: u64) -> u64 {
-    pos.wrapping_sub(SLOTS).wrapping_add(1)
-}
-
-/// The sequence number of the slot of position `pos` while process `pid`
-/// writes it: its remainder modulo [`SLOTS`] is one more than that of every
-/// position + 1 this slot holds, so it is never taken for one.
-fn writing(pid: u32, pos: u64) -> u64 {
-    (u64::from(pid) << 8) | (pos.wrapping_add(2) % SLOTS)
-}
-
-/// The process whose [`writing`] mark for position `pos` `seq` is, if it is
-/// one.
-fn writer(seq: u64, pos: u64) -> Option<u32> {
-    let pid = seq >> 8;
-    (seq % SLOTS == pos.wrapping_add(2) % SLOTS && pid != 0 && pid <= u64::from(u32::MAX))
-        .then_some(pid as u32)
-}
-
-/// Whether process `pid` has exited (a zombie included): its pidfd is
-/// readable, or there is no such process.
-fn exited(pid: u32) -> bool {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1;
-    // no memory is passed.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return !crate::host::pid_alive(pid);
-    }
-    // SAFETY: the syscall returned a fresh fd that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, timeout 0: poll only reads and writes it.
-    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-    n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
-}
-
 /// Bytes of data a ring needs.
 pub fn ring_bytes() -> usize {
     HEADER_BYTES + SLOTS as usize * std::mem::size_of::<Slot>()
@@ -171,8 +125,12 @@ pub struct Ring {
     /// Tests: called at each [`Stage`] of a push with the position it
     /// claimed, as if the producer were stopped there (SIGSTOP, preemption).
     #[cfg(test)]
-    pause: RefCell<Option<Box<dyn FnMut(Stage, u64) + Send>>>,
+    pause: RefCell<Option<PauseHook>>,
 }
+
+/// Tests: what a push calls at each [`Stage`].
+#[cfg(test)]
+type PauseHook = Box<dyn FnMut(Stage, u64) + Send>;
 
 /// Tests: where a push is in its message.
 #[cfg(test)]
@@ -703,50 +661,8 @@ impl Ring {
     }
 }
 
-/// Where things are in a ring, for tools that must speak its layout (the
-/// adversary suite's hostile peers): byte offsets from the start of the
-/// segment's data area.
-pub mod layout {
-    use super::{RingHeader, Slot, HEADER_BYTES};
-
-    /// The ring's magic, at offset 0.
-    pub const MAGIC: u64 = super::MAGIC;
-    /// The owner's pid (u64).
-    pub const OWNER_PID: usize = std::mem::offset_of!(RingHeader, owner_pid);
-    /// The next position a producer claims (u64).
-    pub const HEAD: usize = std::mem::offset_of!(RingHeader, head);
-    /// The next position the consumer reads, as it publishes it (u64).
-    pub const TAIL: usize = std::mem::offset_of!(RingHeader, tail);
-    /// Bytes from one slot to the next.
-    pub const SLOT_STRIDE: usize = std::mem::size_of::<Slot>();
-    /// Offset of slot `index`'s sequence number (u64: position + 1 once
-    /// published, [`free_for`] before a producer marks it, [`writing`]
-    /// while it writes).
-    pub const fn slot_seq(index: usize) -> usize {
-        HEADER_BYTES + index * SLOT_STRIDE + std::mem::offset_of!(Slot, seq)
-    }
-    /// The sequence number of a slot free for position `pos`.
-    pub fn free_for(pos: u64) -> u64 {
-        super::free_for(pos)
-    }
-    /// The sequence number of the slot of position `pos` while process
-    /// `pid` writes it.
-    pub fn writing(pid: u32, pos: u64) -> u64 {
-        super::writing(pid, pos)
-    }
-    /// Offset of slot `index`'s message length (u64).
-    pub const fn slot_len(index: usize) -> usize {
-        HEADER_BYTES + index * SLOT_STRIDE + std::mem::offset_of!(Slot, len)
-    }
-    /// Offset of slot `index`'s AM id (u64).
-    pub const fn slot_id(index: usize) -> usize {
-        HEADER_BYTES + index * SLOT_STRIDE + std::mem::offset_of!(Slot, id)
-    }
-    /// Offset of slot `index`'s data.
-    pub const fn slot_data(index: usize) -> usize {
-        HEADER_BYTES + index * SLOT_STRIDE + std::mem::offset_of!(Slot, data)
-    }
-}
+pub mod layout;
+mod marks;
 
 #[cfg(test)]
 mod tests;
