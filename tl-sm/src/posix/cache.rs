@@ -59,26 +59,40 @@ pub(crate) struct SegmentCache(Arc<Mutex<Entries>>);
 
 impl SegmentCache {
     /// The mapping of `key`, from the cache while its owner has not freed
-    /// it, or made by `open` (and kept, making room for it).
+    /// it, or made by `open` (and kept, making room for it). `open` runs
+    /// without the cache's lock.
     pub(crate) fn get_or_open(
         &self,
         key: Key,
         open: impl FnOnce() -> Result<Mapping>,
     ) -> Result<Arc<Mapping>> {
-        let mut entries = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        entries.clock += 1;
-        let now = entries.clock;
-        if let Some((mapping, used)) = entries.map.get_mut(&key) {
-            if !mapping.is_dead() {
-                *used = now;
-                return Ok(mapping.clone());
+        {
+            let mut entries = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            entries.clock += 1;
+            let now = entries.clock;
+            if let Some((mapping, used)) = entries.map.get_mut(&key) {
+                if !mapping.is_dead() {
+                    *used = now;
+                    return Ok(mapping.clone());
+                }
             }
         }
         // Not mapped yet, or freed by its owner: the descriptor is closed
         // (NoSuchRegion) or now holds another segment (whose secret
-        // differs).
-        entries.remove(&key);
+        // differs). Opened without the lock: a peer's file may take its
+        // time, and the iface's other endpoints must not wait for it.
         let mapping = Arc::new(open()?);
+        let mut entries = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        entries.clock += 1;
+        let now = entries.clock;
+        if let Some((other, used)) = entries.map.get_mut(&key) {
+            if !other.is_dead() && !mapping.is_dead() {
+                // Another endpoint opened it meanwhile: keep that one.
+                *used = now;
+                return Ok(other.clone());
+            }
+        }
+        entries.remove(&key);
         entries.make_room(mapping.mapped_bytes());
         entries.bytes += mapping.mapped_bytes();
         entries.map.insert(key, (mapping.clone(), now));
@@ -132,6 +146,27 @@ mod tests {
         // An old one was given up: opened again.
         cache.get_or_open((1, 1, true), open).unwrap();
         assert_eq!(opened.get(), 2 * MAX_ENTRIES + 1);
+    }
+
+    #[test]
+    fn open_runs_without_the_lock() {
+        // A slow open (a peer's file) must not hold the other endpoints'
+        // lookups: while one open runs, another thread's lookup completes.
+        let cache = SegmentCache::default();
+        cache
+            .get_or_open((3, 1, true), || {
+                let other = cache.clone();
+                let (done, finished) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    let got = other.get_or_open((3, 2, true), || Ok(segment().0));
+                    let _ = done.send(got.is_ok());
+                });
+                let got = finished.recv_timeout(std::time::Duration::from_secs(5));
+                assert_eq!(got, Ok(true), "a lookup waited for another key's open");
+                Ok(segment().0)
+            })
+            .unwrap();
+        assert_eq!(cache.usage().0, 2);
     }
 
     #[test]

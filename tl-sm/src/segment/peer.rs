@@ -1,11 +1,15 @@
 //! Opening a peer's segment: `/proc/<pid>/fd/<fd>` names whatever the peer
 //! keeps open there, so it is first opened with `O_PATH` (which opens
 //! nothing: no FIFO wakes, no device acts, no watcher hears of it) and
-//! looked at, and reopened for reading or writing only once it is a regular
-//! file sealed against shrinking and growing.
+//! looked at, and reopened for reading or writing only once it is a memfd
+//! (a regular file on the kernel's internal shm mount) sealed against
+//! shrinking and growing. A file on a filesystem, which its owner may serve
+//! (FUSE, NFS) and never answer, is never stat'ed through that filesystem
+//! nor opened.
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::OnceLock;
 
 use uct_core::{Access, UctError};
 
@@ -21,6 +25,55 @@ fn stat(fd: BorrowedFd<'_>) -> std::io::Result<libc::stat> {
     }
     // SAFETY: fstat succeeded, so it initialised the whole struct.
     Ok(unsafe { stat.assume_init() })
+}
+
+/// Type, device and inode of the object behind the `O_PATH` descriptor
+/// `fd`, from the inode the kernel holds: `AT_STATX_DONT_SYNC` asks no
+/// filesystem (a FUSE or NFS server) to refresh them.
+fn statx_cached(fd: BorrowedFd<'_>) -> std::io::Result<(u32, u64, u64)> {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: fd is an open descriptor borrowed for the call, the path an
+    // empty nul-terminated string (AT_EMPTY_PATH: fd itself); statx writes
+    // one struct statx into `stx`, which has room for it.
+    let rc = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+            libc::STATX_TYPE | libc::STATX_INO,
+            stx.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: zeroed, then filled by a successful statx.
+    let stx = unsafe { stx.assume_init() };
+    let dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    Ok((u32::from(stx.stx_mode), dev, stx.stx_ino))
+}
+
+/// The device of every memfd: the kernel's internal shm mount, read once
+/// from a memfd of our own.
+fn memfd_dev() -> Result<u64, String> {
+    // Only a success is kept: a failure (no descriptor left) may pass.
+    static DEV: OnceLock<u64> = OnceLock::new();
+    if let Some(dev) = DEV.get() {
+        return Ok(*dev);
+    }
+    // SAFETY: a valid nul-terminated name; memfd_create returns a new
+    // descriptor or -1 with errno set.
+    let fd = unsafe {
+        fd_from_call(libc::memfd_create(
+            c"uct-dev-probe".as_ptr(),
+            libc::MFD_CLOEXEC,
+        ))
+    }
+    .map_err(|e| format!("memfd_create for the memfd device failed: {e}"))?;
+    let dev = stat(fd.as_fd())
+        .map_err(|e| format!("fstat of a memfd failed: {e}"))?
+        .st_dev;
+    Ok(*DEV.get_or_init(|| dev))
 }
 
 /// The object behind `fd`, as device and inode numbers: what tells one
@@ -75,15 +128,15 @@ impl PeerFile {
                     )),
                     _ => UctError::io(format!("posix: open {path}"), e),
                 })?;
-        let named =
-            stat(handle.as_fd()).map_err(|e| UctError::io(format!("posix: stat {path}"), e))?;
+        let (named_mode, named_dev, named_ino) = statx_cached(handle.as_fd())
+            .map_err(|e| UctError::io(format!("posix: statx {path}"), e))?;
         let peer = |file: OwnedFd| PeerFile {
             file,
             size: 0,
-            id: (named.st_dev, named.st_ino),
+            id: (named_dev, named_ino),
             path: path.clone(),
         };
-        match named.st_mode & libc::S_IFMT {
+        match named_mode as libc::mode_t & libc::S_IFMT {
             libc::S_IFREG => {}
             // The region's descriptor was closed and its number now names
             // a socket (a stale rkey).
@@ -93,6 +146,22 @@ impl PeerFile {
                     peer(handle).not_a_segment(format!("not a regular file but {}", kind(mode)))
                 )
             }
+        }
+        let memfds = memfd_dev().map_err(|why| {
+            UctError::EndpointFailed(format!(
+                "posix: cannot tell a peer's memfd from a file ({why}); posix needs memfd_create \
+                 (Linux 3.17) and a free descriptor"
+            ))
+        })?;
+        if named_dev != memfds {
+            return Err(peer(handle).not_a_segment(format!(
+                "a regular file on device {}:{}, not a memfd (device {}:{}); a filesystem its \
+                 owner serves could block every access, so it is not opened",
+                libc::major(named_dev),
+                libc::minor(named_dev),
+                libc::major(memfds),
+                libc::minor(memfds)
+            )));
         }
         let mode = match peers {
             Peers::ReadWrite => libc::O_RDWR,
