@@ -569,6 +569,6 @@ impl Drop for Mapping {
     }
 }
 
-mod peer;
+pub(crate) mod peer;
 #[cfg(test)]
 mod tests;

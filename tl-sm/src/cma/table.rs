@@ -19,13 +19,14 @@
 //! owner reads one at a deregistration); a released area is punched out.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use uct_core::UctError;
 
 use super::records::{Record, CAPACITY};
+use crate::segment::peer::{memfd_dev, statx_cached};
 
 /// The header page: the magic, so that a peer refuses a file that is not a
 /// table, then the claims, one u32 per counter area: 0 when free, else the
@@ -233,9 +234,25 @@ impl TableMemory {
             ))
         };
         let not_sized = || not_table(&format!("not a regular file of {SIZE} bytes"));
-        let stat = fstat(&opath).map_err(|e| UctError::io(format!("cma: stat {path}"), e))?;
-        if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+        // From the inode the kernel holds, asking no filesystem: a file a
+        // FUSE or NFS server of the peer's serves would block us here, and
+        // in the open below. Only a memfd (the kernel's shm mount) passes.
+        let (mode, dev, _) = statx_cached(opath.as_fd())
+            .map_err(|e| UctError::io(format!("cma: stat {path}"), e))?;
+        if mode & libc::S_IFMT != libc::S_IFREG {
             return Err(not_sized());
+        }
+        let memfd = memfd_dev().map_err(|e| UctError::Device {
+            device: "cma".into(),
+            message: e,
+            source: None,
+        })?;
+        if dev != memfd {
+            return Err(not_table(&format!(
+                "a regular file on device {}:{}, not a memfd",
+                libc::major(dev),
+                libc::minor(dev)
+            )));
         }
         let reopen = CString::new(format!("/proc/self/fd/{}", opath.as_raw_fd()))
             .map_err(|_| os_err("cma: the path of a descriptor"))?;

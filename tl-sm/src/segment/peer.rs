@@ -30,7 +30,7 @@ fn stat(fd: BorrowedFd<'_>) -> std::io::Result<libc::stat> {
 /// Type, device and inode of the object behind the `O_PATH` descriptor
 /// `fd`, from the inode the kernel holds: `AT_STATX_DONT_SYNC` asks no
 /// filesystem (a FUSE or NFS server) to refresh them.
-fn statx_cached(fd: BorrowedFd<'_>) -> std::io::Result<(u32, u64, u64)> {
+pub(crate) fn statx_cached(fd: BorrowedFd<'_>) -> std::io::Result<(u32, u64, u64)> {
     let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: fd is an open descriptor borrowed for the call, the path an
     // empty nul-terminated string (AT_EMPTY_PATH: fd itself); statx writes
@@ -55,7 +55,7 @@ fn statx_cached(fd: BorrowedFd<'_>) -> std::io::Result<(u32, u64, u64)> {
 
 /// The device of every memfd: the kernel's internal shm mount, read once
 /// from a memfd of our own.
-fn memfd_dev() -> Result<u64, String> {
+pub(crate) fn memfd_dev() -> Result<u64, String> {
     // Only a success is kept: a failure (no descriptor left) may pass.
     static DEV: OnceLock<u64> = OnceLock::new();
     if let Some(dev) = DEV.get() {

@@ -230,3 +230,13 @@ fn a_fifo_is_refused_without_being_opened() {
     );
     assert!(why.contains("not a regular file"), "{why}");
 }
+
+/// A table on a filesystem a peer could serve (FUSE, NFS) would block the
+/// stat and the open: a regular file that is no memfd is refused from the
+/// kernel's cached inode, before it is opened (review 2, finding 4).
+#[test]
+fn a_regular_file_that_is_no_memfd_is_refused_before_it_is_opened() {
+    let exe = std::fs::File::open("/proc/self/exe").expect("open our own executable");
+    let why = refused(&format!("/proc/{}/fd/{}", me(), exe.as_raw_fd()));
+    assert!(why.contains("not a memfd"), "{why}");
+}
