@@ -6,11 +6,13 @@
 //! The cases run one at a time: each spins two processes on a small
 //! machine, and a deadline measured under contention would say nothing.
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Mutex};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+mod children;
+use children::{drain, exit_within, lines_of, wait_for_line, Reaped};
 
 /// The peer timeout every case sets, short so that the suite stays fast.
 const PEER_TIMEOUT: Duration = Duration::from_secs(2);
@@ -50,61 +52,6 @@ fn perftest(transport: &str, args: &[&str]) -> Command {
     cmd
 }
 
-/// Kills and reaps `child` when dropped, so that a failed case leaves no
-/// process behind.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Reads `child`'s stream line by line into a channel, so that the test can
-/// wait for a line with a deadline.
-fn lines_of(stream: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// Waits up to `limit` for a line that contains `needle`; all lines seen.
-fn wait_for_line(rx: &mpsc::Receiver<String>, needle: &str, limit: Duration) -> (bool, String) {
-    let deadline = Instant::now() + limit;
-    let mut seen = String::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) => {
-                seen.push_str(&line);
-                seen.push('\n');
-                if line.contains(needle) {
-                    return (true, seen);
-                }
-            }
-            Err(_) => return (false, seen),
-        }
-    }
-}
-
-/// Everything left in `rx` once its stream ends, waiting at most `limit`.
-fn drain(rx: &mpsc::Receiver<String>, limit: Duration) -> String {
-    let deadline = Instant::now() + limit;
-    let mut lines = Vec::new();
-    while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        lines.push(line);
-    }
-    lines.join("\n")
-}
-
 /// Starts a server and a long client run of `test`, kills the server with
 /// SIGKILL once the run is going, and checks how the client ends.
 fn server_killed_mid_run(transport: &str, test: &str) {
@@ -117,12 +64,9 @@ fn server_killed_mid_run(transport: &str, test: &str) {
         .expect("start the server");
     let server_err = lines_of(server.stderr.take().expect("server stderr"));
     let server = Reaped(server);
-    let (listening, seen) =
-        wait_for_line(&server_err, "waiting for a client", Duration::from_secs(10));
-    assert!(
-        listening,
-        "{transport} {test}: the server did not start:\n{seen}"
-    );
+    if let Err(seen) = wait_for_line(&server_err, "waiting for a client", Duration::from_secs(10)) {
+        panic!("{transport} {test}: the server did not start:\n{seen}");
+    }
     let size = if test == "put_bw" { "4k" } else { "8" };
     let mut client = perftest(
         transport,
@@ -147,8 +91,7 @@ fn server_killed_mid_run(transport: &str, test: &str) {
     let mut client = Reaped(client);
     // The header is printed once both sides are connected, before the
     // first phase.
-    let (started, seen) = wait_for_line(&client_out, "# perftest:", Duration::from_secs(10));
-    if !started {
+    if let Err(seen) = wait_for_line(&client_out, "# perftest:", Duration::from_secs(10)) {
         drop(client);
         let err = drain(&client_err, Duration::from_secs(2));
         panic!("{transport} {test}: the client did not start the run:\n{seen}{err}");
@@ -164,15 +107,7 @@ fn server_killed_mid_run(transport: &str, test: &str) {
     let killed = Instant::now();
     let _ = server.0.wait();
     let limit = PEER_TIMEOUT + GRACE;
-    let status = loop {
-        if let Some(status) = client.0.try_wait().expect("poll the client") {
-            break Some(status);
-        }
-        if killed.elapsed() > limit {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = exit_within(&mut client.0, killed, limit).expect("poll the client");
     let took = killed.elapsed();
     // The client is gone (or killed by Reaped), so its stderr ends.
     drop(client);

@@ -9,12 +9,13 @@
 //! server killed with SIGKILL mid-run must make its client exit 1 within
 //! UCT_RC_PEER_TIMEOUT + 1 s, naming the dead peer (issue 12).
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
+
+mod children;
+use children::{drain, exit_within, lines_of, wait_for_line, Reaped};
 
 fn sim() -> String {
     hlthunk_sim::library_path()
@@ -209,49 +210,6 @@ fn demo_gaudi_server_fails_cleanly_on_rxe() -> Result<(), Failed> {
 const PEER_TIMEOUT: Duration = Duration::from_secs(3);
 const GRACE: Duration = Duration::from_secs(1);
 
-/// Kills and reaps the child when dropped, so that a failed case leaves no
-/// process behind.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The lines of a child's stream, read on a thread, so that the test can
-/// wait for one with a deadline.
-fn lines_of(stream: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// Waits up to `limit` for a line containing `needle`; Err with what was
-/// seen.
-fn wait_for_line(rx: &mpsc::Receiver<String>, needle: &str, limit: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + limit;
-    let mut seen = String::new();
-    loop {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) if line.contains(needle) => return Ok(()),
-            Ok(line) => {
-                seen.push_str(&line);
-                seen.push('\n');
-            }
-            Err(_) => return Err(seen),
-        }
-    }
-}
-
 fn rc_perftest(args: &[&str]) -> Command {
     let mut c = cmd(env!("CARGO_BIN_EXE_perftest"));
     c.args(["-t", "rc"])
@@ -308,24 +266,10 @@ fn perftest_server_killed_mid_run(test: &str) -> Result<(), Failed> {
     let killed = Instant::now();
     server.0.wait()?;
     let limit = PEER_TIMEOUT + GRACE;
-    let status = loop {
-        if let Some(status) = client.0.try_wait()? {
-            break Some(status);
-        }
-        if killed.elapsed() > limit {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = exit_within(&mut client.0, killed, limit)?;
     let took = killed.elapsed();
     drop(client);
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut err = Vec::new();
-    while let Ok(line) = client_err.recv_timeout(deadline.saturating_duration_since(Instant::now()))
-    {
-        err.push(line);
-    }
-    let err = err.join("\n");
+    let err = drain(&client_err, Duration::from_secs(2));
     let Some(status) = status else {
         return Err(format!(
             "{test}: the client still ran {took:?} after the server was killed (limit {limit:?}):\n{err}"
