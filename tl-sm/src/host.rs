@@ -25,15 +25,77 @@ pub fn pid_alive(pid: u32) -> bool {
     status == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-/// How often a [`PeerWatch`] asks the kernel; between probes it answers
-/// from its last result, so that waiting loops may call it every turn.
+/// How often a [`PeerWatch`] asks the kernel in [`PeerWatch::check`];
+/// between probes it answers from its last result, so that waiting loops
+/// may call it every turn.
 const PROBE_INTERVAL: Duration = Duration::from_millis(2);
 
-/// Watches a peer process for exit through a pidfd, which, unlike a pid,
-/// cannot be recycled for another process. Without pidfd support (Linux
-/// before 5.3) it falls back to signal 0 on the pid.
+/// `pidfd_open(pid)`: `Ok(Err(why))` when no pidfd could be had (the
+/// kernel has none before Linux 5.3, `pid` is not a process's leader, or
+/// the open failed: EMFILE, ENOMEM); `Err` with ESRCH when no process has
+/// that pid.
+fn pidfd_open(pid: u32) -> std::io::Result<std::io::Result<OwnedFd>> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1;
+    // no memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd >= 0 {
+        // SAFETY: the syscall returned a fresh fd that nothing else owns.
+        return Ok(Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) }));
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ESRCH) => Err(e),
+        _ => Ok(Err(e)),
+    }
+}
+
+/// Whether the process of `pidfd` has exited (its pidfd is readable then;
+/// a zombie has exited: its memory is gone).
+fn exited(pidfd: &OwnedFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, timeout 0: poll only reads and writes that
+    // struct.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+/// Whether process `pid` is gone for sure: no process has the pid, or the
+/// one that has it has exited. `false` may be a recycled pid's process.
+pub(crate) fn process_gone(pid: u32) -> bool {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return true;
+    }
+    match pidfd_open(pid) {
+        Err(_) => true,
+        Ok(Ok(fd)) => exited(&fd),
+        Ok(Err(_)) => !pid_alive(pid),
+    }
+}
+
+/// The warning for an endpoint to `pid` left without a pidfd by `why`;
+/// none for ENOSYS (a kernel without pidfds: the documented fallback).
+fn downgrade_warning(transport: &str, pid: u32, why: &std::io::Error) -> Option<String> {
+    let errno = why.raw_os_error()?;
+    if errno == libc::ENOSYS {
+        return None;
+    }
+    Some(format!(
+        "{transport}: pidfd_open of peer process {pid} failed (errno {errno}: {why}); the endpoint watches that pid with kill(pid, 0) for good, which cannot tell the peer from a later process given its pid after it dies; raise the open-file limit (ulimit -n) if it is EMFILE, and recreate the endpoint"
+    ))
+}
+
+/// An endpoint's peer process, held by a pidfd opened when the endpoint
+/// was made, which, unlike a pid, cannot name another process once its own
+/// exits. Without a pidfd (Linux before 5.3, or pidfd_open failed: that is
+/// logged as a warning) it asks signal 0 on the pid, which cannot tell a
+/// recycled pid.
 #[derive(Debug)]
 pub struct PeerWatch {
+    transport: &'static str,
     pid: u32,
     pidfd: Option<OwnedFd>,
     last_probe: Instant,
@@ -41,18 +103,21 @@ pub struct PeerWatch {
 }
 
 impl PeerWatch {
-    /// Starts watching process `pid`; a process already gone is reported by
-    /// the first [`check`](Self::check).
-    pub fn new(pid: u32) -> Self {
-        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or
-        // -1; no memory is passed.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-        let pidfd = (fd >= 0).then(|| {
-            // SAFETY: the syscall returned a fresh fd that nothing else owns.
-            unsafe { OwnedFd::from_raw_fd(fd as i32) }
-        });
-        let gone = pidfd.is_none() && !pid_alive(pid);
+    /// Starts watching process `pid`, the peer of a `transport` endpoint; a
+    /// process already gone is reported by the first check.
+    pub fn new(transport: &'static str, pid: u32) -> Self {
+        let (pidfd, gone) = match pidfd_open(pid) {
+            Ok(Ok(fd)) => (Some(fd), false),
+            Ok(Err(why)) => {
+                if let Some(warning) = downgrade_warning(transport, pid, &why) {
+                    log::warn!("{warning}");
+                }
+                (None, !pid_alive(pid))
+            }
+            Err(_) => (None, true),
+        };
         PeerWatch {
+            transport,
             pid,
             pidfd,
             last_probe: Instant::now(),
@@ -65,37 +130,44 @@ impl PeerWatch {
         self.pid
     }
 
+    /// Asks the kernel now, whenever the last probe was; an exit is
+    /// remembered for good.
+    fn probe(&mut self) -> bool {
+        if !self.gone {
+            self.last_probe = Instant::now();
+            self.gone = match &self.pidfd {
+                Some(fd) => exited(fd),
+                None => !pid_alive(self.pid),
+            };
+        }
+        self.gone
+    }
+
     /// Whether the process has exited; asks the kernel at most every 2 ms,
     /// and remembers an exit for good.
     pub fn is_gone(&mut self) -> bool {
         if self.gone || self.last_probe.elapsed() < PROBE_INTERVAL {
             return self.gone;
         }
-        self.last_probe = Instant::now();
-        self.gone = match &self.pidfd {
-            Some(fd) => {
-                let mut pfd = libc::pollfd {
-                    fd: fd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd, timeout 0: poll only reads and
-                // writes that struct.
-                let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-                // A pidfd turns readable when its process exits.
-                n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
-            }
-            None => !pid_alive(self.pid),
-        };
-        self.gone
+        self.probe()
     }
 
-    /// `Err` naming the peer once its process is gone.
-    pub fn check(&mut self, transport: &str) -> Result<(), UctError> {
-        if self.is_gone() {
-            Err(peer_gone(transport, self.pid))
-        } else {
-            Ok(())
+    /// `Err` naming the peer once its process is gone, answered from the
+    /// last probe when it is under 2 ms old, for loops that ask every turn.
+    pub fn check(&mut self) -> Result<(), UctError> {
+        match self.is_gone() {
+            true => Err(peer_gone(self.transport, self.pid)),
+            false => Ok(()),
+        }
+    }
+
+    /// As [`check`](Self::check), asking the kernel now: right before a
+    /// call on the peer's pid (process_vm_*), which must not be another
+    /// process's by then.
+    pub fn check_now(&mut self) -> Result<(), UctError> {
+        match self.probe() {
+            true => Err(peer_gone(self.transport, self.pid)),
+            false => Ok(()),
         }
     }
 }
@@ -157,22 +229,39 @@ mod tests {
             .arg("30")
             .spawn()
             .expect("spawn sleep");
-        let mut watch = PeerWatch::new(child.id());
+        let mut watch = PeerWatch::new("posix", child.id());
         std::thread::sleep(PROBE_INTERVAL * 2);
         assert!(!watch.is_gone(), "a running child is not gone");
         child.kill().expect("kill");
         child.wait().expect("reap");
         std::thread::sleep(PROBE_INTERVAL * 2);
         assert!(watch.is_gone(), "the watch must see the exit");
-        let e = watch.check("posix").unwrap_err().to_string();
+        let e = watch.check().unwrap_err().to_string();
         assert!(e.contains(&child.id().to_string()), "{e}");
     }
 
     #[test]
     fn peer_watch_of_a_missing_pid_is_gone() {
         // Pids above pid_max never exist.
-        let mut watch = PeerWatch::new(i32::MAX as u32);
+        let mut watch = PeerWatch::new("posix", i32::MAX as u32);
         std::thread::sleep(PROBE_INTERVAL * 2);
         assert!(watch.is_gone());
+    }
+
+    /// Review 2 of issue 12: a pidfd_open failure other than ESRCH leaves
+    /// the endpoint on kill(pid, 0) for good, which is worth a warning that
+    /// names the pid and the errno; a kernel without pidfds is not.
+    #[test]
+    fn a_failed_pidfd_open_is_warned_of_with_the_pid_and_errno() {
+        let emfile = std::io::Error::from_raw_os_error(libc::EMFILE);
+        let warning = downgrade_warning("cma", 4242, &emfile).expect("a warning for EMFILE");
+        assert!(warning.contains("4242"), "{warning}");
+        assert!(
+            warning.contains(&format!("errno {}", libc::EMFILE)),
+            "{warning}"
+        );
+        assert!(warning.contains("ulimit -n"), "{warning}");
+        let enosys = std::io::Error::from_raw_os_error(libc::ENOSYS);
+        assert_eq!(downgrade_warning("cma", 4242, &enosys), None);
     }
 }

@@ -8,10 +8,10 @@ use uct_core::{
 };
 
 use super::iface::{MAX_BCOPY, MAX_IOV, MAX_SHORT, MAX_ZCOPY};
-use super::peer::PeerProcess;
 use super::records::{InFlight, PeerTable};
 use super::vm::{transfer, Direction};
 use super::CmaRkey;
+use crate::host::PeerWatch;
 
 /// Local memory of a transfer: (pointer, length) pieces.
 type Pieces = [(*mut u8, usize)];
@@ -20,14 +20,14 @@ type Pieces = [(*mut u8, usize)];
 /// access reads the peer's record table, mapped once per rkey.
 pub(crate) struct CmaEp {
     pid: u32,
-    peer: PeerProcess,
+    peer: PeerWatch,
 }
 
 impl CmaEp {
     pub(crate) fn new(pid: u32) -> Self {
         CmaEp {
             pid,
-            peer: PeerProcess::new(pid),
+            peer: PeerWatch::new("cma", pid),
         }
     }
 

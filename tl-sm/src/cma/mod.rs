@@ -16,7 +16,6 @@ pub mod component;
 mod ep;
 mod iface;
 mod md;
-mod peer;
 pub mod records;
 mod table;
 mod vm;

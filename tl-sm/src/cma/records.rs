@@ -45,7 +45,6 @@ use std::time::{Duration, Instant};
 
 use uct_core::{Access, UctError};
 
-use super::peer;
 use super::table::{TableMemory, AREA_BYTES, PEERS, RECLAIMING, RECORDS_BYTES};
 
 /// Records in a table; a registration beyond this is refused.
@@ -128,7 +127,7 @@ fn counted_by(mem: &TableMemory, index: u32) -> Vec<(usize, u32)> {
         if count.load(Ordering::SeqCst) == 0 {
             continue;
         }
-        if peer::is_gone(holder) {
+        if crate::host::process_gone(holder) {
             reclaim(mem, area, holder, 0);
             continue;
         }
@@ -343,7 +342,7 @@ fn claim(mem: &TableMemory, owner: u32) -> Result<usize, UctError> {
         let holder = claim.load(Ordering::SeqCst);
         if holder != 0
             && holder != RECLAIMING
-            && peer::is_gone(holder)
+            && crate::host::process_gone(holder)
             && reclaim(mem, area, holder, me)
         {
             return Ok(area);

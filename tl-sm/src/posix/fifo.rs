@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use uct_core::UctError;
 
 use crate::segment::Mapping;
-use marks::{exited, free_for, writer, writing};
+use marks::{free_for, writer, writing};
 
 /// Slots in a ring.
 pub const SLOTS: u64 = 256;
@@ -542,7 +542,7 @@ impl Ring {
                 return GiveUp::Published;
             }
             if let Some(pid) = writer(seq, pos) {
-                if !exited(pid) {
+                if !crate::host::process_gone(pid) {
                     if self.waited.get() != Some(pos) {
                         self.waited.set(Some(pos));
                         wait_for_writer(self.pid, pos, pid, self.stuck_after);

@@ -29,7 +29,7 @@ impl Health {
     pub(crate) fn new(pid: u32) -> Arc<Health> {
         Arc::new(Health {
             failed: OnceLock::new(),
-            watch: Mutex::new(PeerWatch::new(pid)),
+            watch: Mutex::new(PeerWatch::new("posix", pid)),
         })
     }
 
@@ -59,7 +59,7 @@ impl Health {
         let Ok(mut watch) = self.watch.try_lock() else {
             return Ok(());
         };
-        watch.check("posix").map_err(|e| self.fail(e))
+        watch.check().map_err(|e| self.fail(e))
     }
 }
 

@@ -1,8 +1,6 @@
 //! What a slot's sequence number says besides "position + 1 published":
 //! free for a position, or being written by a process.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-
 use super::SLOTS;
 
 // Marks tell themselves from positions by their remainder modulo SLOTS,
@@ -28,25 +26,4 @@ pub(super) fn writer(seq: u64, pos: u64) -> Option<u32> {
     let pid = seq >> 8;
     (seq % SLOTS == pos.wrapping_add(2) % SLOTS && pid != 0 && pid <= u64::from(u32::MAX))
         .then_some(pid as u32)
-}
-
-/// Whether process `pid` has exited (a zombie included): its pidfd is
-/// readable, or there is no such process.
-pub(super) fn exited(pid: u32) -> bool {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1;
-    // no memory is passed.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return !crate::host::pid_alive(pid);
-    }
-    // SAFETY: the syscall returned a fresh fd that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, timeout 0: poll only reads and writes it.
-    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-    n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
 }
