@@ -152,8 +152,7 @@ impl Drop for Child {
 /// the transfer, not answered from a cache.
 #[test]
 fn no_transfer_reaches_a_peer_that_died_after_its_check() {
-    use uct_core::rkey::{decode_payload, encode_payload};
-    use uct_core::{MemoryType, RkeyEntry, UctError};
+    use uct_core::{MemoryType, UctError};
 
     let _serial = crate::cma::records::tests::serial();
     let md: Arc<dyn MemoryDomain> = Arc::new(CmaMd::new("sm"));
@@ -165,26 +164,7 @@ fn no_transfer_reaches_a_peer_that_died_after_its_check() {
     // The child holds our table (the same memfd, the same record) and our
     // memory at the same addresses: a peer whose rkey passes every check.
     let child = Child::fork();
-    let mut key: crate::cma::CmaRkey = decode_payload(&entry.payload).expect("a cma rkey");
-    key.pid = child.pid as u32;
-    key.table = key.table.replacen(
-        &format!("/proc/{}/", std::process::id()),
-        &format!("/proc/{}/", child.pid),
-        1,
-    );
-    let forged = RkeyEntry {
-        payload: encode_payload(&key).expect("encode"),
-        ..entry
-    };
-    let rkey = component::unpack_rkey("sm", &forged).expect("unpack");
-    let mut device_addr = crate::host::boot_id().to_vec();
-    device_addr.extend_from_slice(&(child.pid as u32).to_le_bytes());
-    let mut ep = iface
-        .create_ep(EpParams::ToIface {
-            device_addr,
-            iface_addr: Vec::new(),
-        })
-        .expect("an endpoint to the child");
+    let (rkey, mut ep) = to_child(&mut iface, entry, child.pid);
     let mut buf = [0u8; 8];
     let got = ep.get_short(&mut buf, mem.addr(), &rkey);
     assert!(got.is_ok(), "a get from the live child: {got:?}");
@@ -209,8 +189,7 @@ fn no_transfer_reaches_a_peer_that_died_after_its_check() {
 /// again: the pid may be another process's by then.
 #[test]
 fn no_retry_reaches_a_peer_that_died_after_a_partial_transfer() {
-    use uct_core::rkey::{decode_payload, encode_payload};
-    use uct_core::{MemoryType, RkeyEntry, UctError};
+    use uct_core::{MemoryType, UctError};
 
     let _serial = crate::cma::records::tests::serial();
     let md: Arc<dyn MemoryDomain> = Arc::new(CmaMd::new("sm"));
@@ -222,26 +201,7 @@ fn no_retry_reaches_a_peer_that_died_after_a_partial_transfer() {
     // The child holds our table and memory, its second page unmapped: a
     // put of both pages moves the first, then stops short.
     let child = Child::fork_unmapping(mem.addr() as usize + LEN, LEN);
-    let mut key: crate::cma::CmaRkey = decode_payload(&entry.payload).expect("a cma rkey");
-    key.pid = child.pid as u32;
-    key.table = key.table.replacen(
-        &format!("/proc/{}/", std::process::id()),
-        &format!("/proc/{}/", child.pid),
-        1,
-    );
-    let forged = RkeyEntry {
-        payload: encode_payload(&key).expect("encode"),
-        ..entry
-    };
-    let rkey = component::unpack_rkey("sm", &forged).expect("unpack");
-    let mut device_addr = crate::host::boot_id().to_vec();
-    device_addr.extend_from_slice(&(child.pid as u32).to_le_bytes());
-    let mut ep = iface
-        .create_ep(EpParams::ToIface {
-            device_addr,
-            iface_addr: Vec::new(),
-        })
-        .expect("an endpoint to the child");
+    let (rkey, mut ep) = to_child(&mut iface, entry, child.pid);
     let (pid, reaped) = (child.pid, child.reaped.clone());
     crate::cma::vm::AFTER_PARTIAL
         .with(|hook| *hook.borrow_mut() = Some(Box::new(move || Child::kill(pid, &reaped))));
@@ -262,4 +222,37 @@ fn no_retry_reaches_a_peer_that_died_after_a_partial_transfer() {
         Err(UctError::EndpointFailed(why)) if why.contains(&pid.to_string()) => {}
         other => panic!("a put to the dead child {pid}: {other:?}"),
     }
+}
+
+/// Our own rkey `entry`, as forked child `pid` (which holds our table and
+/// memory) would pack it, and an endpoint of `iface` to that child: a peer
+/// whose rkey passes every check.
+fn to_child(
+    iface: &mut CmaIface,
+    entry: uct_core::RkeyEntry,
+    pid: libc::pid_t,
+) -> (uct_core::RemoteKey, Box<dyn uct_core::Endpoint>) {
+    use uct_core::rkey::{decode_payload, encode_payload};
+
+    let mut key: crate::cma::CmaRkey = decode_payload(&entry.payload).expect("a cma rkey");
+    key.pid = pid as u32;
+    key.table = key.table.replacen(
+        &format!("/proc/{}/", std::process::id()),
+        &format!("/proc/{pid}/"),
+        1,
+    );
+    let forged = uct_core::RkeyEntry {
+        payload: encode_payload(&key).expect("encode"),
+        ..entry
+    };
+    let rkey = component::unpack_rkey("sm", &forged).expect("unpack");
+    let mut device_addr = crate::host::boot_id().to_vec();
+    device_addr.extend_from_slice(&(pid as u32).to_le_bytes());
+    let ep = iface
+        .create_ep(EpParams::ToIface {
+            device_addr,
+            iface_addr: Vec::new(),
+        })
+        .expect("an endpoint to the child");
+    (rkey, ep)
 }
