@@ -58,6 +58,21 @@ impl FetchOp {
     }
 }
 
+/// The transport an endpoint type belongs to, for the errors of default
+/// methods (an endpoint does not know its transport's name): the type's name
+/// without its path, generics and `Ep` suffix, lower-cased (`TcpEp` ->
+/// `tcp`, `SelfEp` -> `self`).
+fn transport_of<T: ?Sized>() -> String {
+    let full = std::any::type_name::<T>();
+    let path = full.split('<').next().unwrap_or(full);
+    let name = path.rsplit("::").next().unwrap_or(path);
+    let name = name
+        .strip_suffix("Ep")
+        .filter(|n| !n.is_empty())
+        .unwrap_or(name);
+    name.to_ascii_lowercase()
+}
+
 /// A connection. Every operation is non-blocking: see [`Status`].
 ///
 /// `remote_addr` is the peer's address inside the region the rkey names
@@ -79,6 +94,28 @@ pub trait Endpoint: Send {
         rkey: &RemoteKey,
         comp: Option<&Completion>,
     ) -> Result<Status>;
+
+    /// Writes the iov list without copying, as [`put_zcopy`](Self::put_zcopy)
+    /// (Done, InProgress or NoResource; NoResource posts nothing), then
+    /// delivers `imm` to the target iface's immediate handler
+    /// ([`Iface::set_imm_handler`](crate::Iface::set_imm_handler)) once the
+    /// data is visible there. An empty iov (0 bytes) sends the immediate
+    /// alone. Only where [`Caps::PUT_IMM`](crate::Caps::PUT_IMM) is
+    /// advertised.
+    fn put_zcopy_imm(
+        &mut self,
+        iov: &[Iov<'_>],
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        imm: u32,
+        comp: Option<&Completion>,
+    ) -> Result<Status> {
+        let _ = (iov, remote_addr, rkey, imm, comp);
+        Err(crate::UctError::unsupported(
+            &transport_of::<Self>(),
+            "put with immediate data (PUT_IMM)",
+        ))
+    }
 
     /// Reads `buf.len()` bytes at once; only where GET_SHORT is advertised.
     fn get_short(&mut self, buf: &mut [u8], remote_addr: u64, rkey: &RemoteKey) -> Result<Status>;
@@ -166,5 +203,21 @@ pub trait Endpoint: Send {
     /// process answer `Ok`.
     fn check(&mut self) -> Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transport_of;
+
+    struct TcpEp;
+    struct Ep;
+    struct Wrapped<T>(T);
+
+    #[test]
+    fn transport_of_names_the_transport_from_the_endpoint_type() {
+        assert_eq!(transport_of::<TcpEp>(), "tcp");
+        assert_eq!(transport_of::<Ep>(), "ep");
+        assert_eq!(transport_of::<Wrapped<TcpEp>>(), "wrapped");
     }
 }

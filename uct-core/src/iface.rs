@@ -46,6 +46,10 @@ bitflags::bitflags! {
         /// Atomic swap (fetch-and-store), besides add, fetch-add and
         /// compare-and-swap; verbs NICs have no native swap.
         const ATOMIC_SWAP = 1 << 16;
+        /// Put zcopy with 32-bit immediate data, delivered to the target
+        /// iface's immediate handler after the data (RDMA WRITE WITH
+        /// IMMEDIATE).
+        const PUT_IMM = 1 << 17;
     }
 }
 
@@ -172,6 +176,109 @@ pub struct AmMessage<'a> {
 /// Active-message handler, called from `progress` of the receiving iface.
 pub type AmHandler = Box<dyn FnMut(AmMessage<'_>) + Send>;
 
+/// An incoming put with immediate data
+/// ([`Endpoint::put_zcopy_imm`](crate::Endpoint::put_zcopy_imm)), as the
+/// target iface's immediate handler sees it: the write's data is already in
+/// place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImmEvent {
+    /// The 32-bit immediate the writer chose.
+    pub imm: u32,
+    /// The bytes that write carried (for rc: the work completion's
+    /// `byte_len`).
+    pub len: usize,
+}
+
+/// Immediate-data handler, called from `progress` of the target iface once
+/// per put with immediate data, in the order the puts were posted on one
+/// endpoint.
+pub type ImmHandler = Box<dyn FnMut(ImmEvent) + Send>;
+
+/// The immediate-data handler of an iface, or none: every transport with
+/// [`Caps::PUT_IMM`] delivers through [`deliver`](ImmHandlerSlot::deliver),
+/// so an immediate that arrives with no handler (a peer may send one at any
+/// time) is dropped in one place, with one warning rather than one per
+/// immediate.
+pub struct ImmHandlerSlot {
+    handler: Option<ImmHandler>,
+    transport: String,
+    dropped: u64,
+}
+
+impl ImmHandlerSlot {
+    /// No handler yet; `transport` names the iface in the warning.
+    pub fn new(transport: impl Into<String>) -> Self {
+        ImmHandlerSlot {
+            handler: None,
+            transport: transport.into(),
+            dropped: 0,
+        }
+    }
+
+    /// Installs `handler`, replacing any earlier one.
+    pub fn set(&mut self, handler: ImmHandler) {
+        self.handler = Some(handler);
+    }
+
+    /// Whether a handler is installed.
+    pub fn has(&self) -> bool {
+        self.handler.is_some()
+    }
+
+    /// Immediates dropped so far for want of a handler.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Calls the handler with `event`, or drops it when there is none;
+    /// returns whether a handler ran.
+    #[inline]
+    pub fn deliver(&mut self, event: ImmEvent) -> bool {
+        match self.handler.as_mut() {
+            Some(handler) => {
+                handler(event);
+                true
+            }
+            None => {
+                self.drop_event(event);
+                false
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn drop_event(&mut self, event: ImmEvent) {
+        self.dropped += 1;
+        if self.dropped == 1 {
+            log::warn!(
+                "{}: dropped immediate {:#x} ({} bytes): no immediate handler set (set_imm_handler); later ones are dropped silently",
+                self.transport,
+                event.imm,
+                event.len
+            );
+        } else {
+            log::debug!(
+                "{}: dropped immediate {:#x} ({} bytes), {} so far",
+                self.transport,
+                event.imm,
+                event.len,
+                self.dropped
+            );
+        }
+    }
+}
+
+impl std::fmt::Debug for ImmHandlerSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImmHandlerSlot")
+            .field("transport", &self.transport)
+            .field("set", &self.handler.is_some())
+            .field("dropped", &self.dropped)
+            .finish()
+    }
+}
+
 /// Number of active-message ids.
 pub const AM_ID_MAX: usize = 32;
 
@@ -277,6 +384,19 @@ pub trait Iface: Send {
     fn create_ep(&mut self, params: EpParams) -> Result<Box<dyn Endpoint>>;
     /// Installs the handler for active messages with `id` (< [`AM_ID_MAX`]).
     fn set_am_handler(&mut self, id: u8, handler: AmHandler) -> Result<()>;
+    /// Installs the handler for puts with immediate data
+    /// ([`Caps::PUT_IMM`]), replacing any earlier one. It is called from
+    /// this iface's [`progress`](Iface::progress), once per immediate write,
+    /// in the order the writes were posted on one endpoint, and only after
+    /// that write's data is visible in the target memory. Immediates that
+    /// arrive while no handler is installed are dropped with a warning.
+    fn set_imm_handler(&mut self, handler: ImmHandler) -> Result<()> {
+        let _ = handler;
+        Err(crate::error::UctError::unsupported(
+            self.transport(),
+            "put with immediate data (PUT_IMM)",
+        ))
+    }
     /// Drives receives and completions; returns how many events it handled.
     fn progress(&mut self) -> usize;
 }
@@ -285,6 +405,7 @@ pub trait Iface: Send {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
 
     #[test]
     fn am_handlers_deliver_to_the_installed_id_only() {
@@ -306,6 +427,23 @@ mod tests {
         assert!(!table.deliver(4, &[1]));
         assert!(!table.deliver(255, &[1]));
         assert_eq!(hits.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn imm_slot_delivers_to_its_handler_and_counts_drops() {
+        let mut slot = ImmHandlerSlot::new("test");
+        let ev = ImmEvent { imm: 7, len: 3 };
+        assert!(!slot.has());
+        assert!(!slot.deliver(ev));
+        assert!(!slot.deliver(ev));
+        assert_eq!(slot.dropped(), 2);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        slot.set(Box::new(move |e| s.lock().unwrap().push(e)));
+        assert!(slot.has());
+        assert!(slot.deliver(ev));
+        assert_eq!(*seen.lock().unwrap(), vec![ev]);
+        assert_eq!(slot.dropped(), 2);
     }
 
     #[test]

@@ -92,7 +92,7 @@ pub use ep::{AtomicValue, Endpoint, FetchOp};
 pub use error::{ErrorSource, Result, UctError};
 pub use iface::{
     AmHandler, AmHandlers, AmMessage, Caps, DeviceType, EpParams, Iface, IfaceAttrs, IfaceParams,
-    SizeLimits, TlResource,
+    ImmEvent, ImmHandler, ImmHandlerSlot, SizeLimits, TlResource,
 };
 pub use md::{MdAttrs, MdFlags, MemInfo, MemoryDomain};
 pub use memory::{Access, Iov, MemHandle, MemRegion, MemoryType};
