@@ -1,14 +1,17 @@
 //! The self endpoint: every operation executes at once against the target
-//! iface's region table and AM queue.
+//! iface's region table and AM queue; a put with immediate data writes at
+//! once and queues its immediate for the target's `progress`.
 
 use std::sync::{Arc, Weak};
 
-use super::iface::{SelfShared, MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT, SELF_AM_QUEUE_LEN};
+use super::iface::{
+    SelfShared, MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT, SELF_AM_QUEUE_LEN, SELF_IMM_QUEUE_LEN,
+};
 use crate::atomic_ops::{check_aligned, fetch_at};
 use crate::completion::{Completion, CompletionData, Status};
 use crate::ep::{AtomicValue, Endpoint, FetchOp};
 use crate::error::{Result, UctError};
-use crate::iface::AM_ID_MAX;
+use crate::iface::{ImmEvent, AM_ID_MAX};
 use crate::memory::{check_host_iov, check_size, Access, Iov};
 use crate::region_table::SoftRkey;
 use crate::rkey::RemoteKey;
@@ -62,6 +65,40 @@ impl SelfEp {
                 unsafe { std::ptr::copy(data.as_ptr(), dst, data.len()) }
             },
         )
+    }
+
+    /// Copies the iov list into the target region; returns its length.
+    fn write_iov(
+        &self,
+        target: &SelfShared,
+        iov: &[Iov<'_>],
+        remote_addr: u64,
+        rkey: &RemoteKey,
+    ) -> Result<usize> {
+        let total = self.check_iov(iov)?;
+        let key = *self.key(rkey)?;
+        target.table.access(
+            &key,
+            remote_addr,
+            total as u64,
+            Access::REMOTE_WRITE,
+            |dst| {
+                let mut at = 0usize;
+                for piece in iov {
+                    // The local range was checked by check_iov; host memory.
+                    let src = piece.mem.host_ptr(piece.offset, piece.len)?;
+                    // SAFETY: the piece lengths sum to `total` and `access`
+                    // checked [dst, dst + total), so [dst + at, dst + at +
+                    // piece.len) is inside it and stays registered while this
+                    // closure runs; host_ptr checked piece.len bytes at `src`
+                    // inside the local handle, which the iov borrows.
+                    unsafe { std::ptr::copy(src, dst.add(at), piece.len) };
+                    at += piece.len;
+                }
+                Ok::<(), UctError>(())
+            },
+        )??;
+        Ok(total)
     }
 
     /// Copies from the target region into `out`.
@@ -153,30 +190,29 @@ impl Endpoint for SelfEp {
         rkey: &RemoteKey,
         _comp: Option<&Completion>,
     ) -> Result<Status> {
-        let total = self.check_iov(iov)?;
-        let key = *self.key(rkey)?;
         let target = self.target()?;
-        target.table.access(
-            &key,
-            remote_addr,
-            total as u64,
-            Access::REMOTE_WRITE,
-            |dst| {
-                let mut at = 0usize;
-                for piece in iov {
-                    // The local range was checked by check_iov; host memory.
-                    let src = piece.mem.host_ptr(piece.offset, piece.len)?;
-                    // SAFETY: the piece lengths sum to `total` and `access`
-                    // checked [dst, dst + total), so [dst + at, dst + at +
-                    // piece.len) is inside it and stays registered while this
-                    // closure runs; host_ptr checked piece.len bytes at `src`
-                    // inside the local handle, which the iov borrows.
-                    unsafe { std::ptr::copy(src, dst.add(at), piece.len) };
-                    at += piece.len;
-                }
-                Ok::<(), UctError>(())
-            },
-        )??;
+        self.write_iov(&target, iov, remote_addr, rkey)?;
+        Ok(Status::Done)
+    }
+
+    fn put_zcopy_imm(
+        &mut self,
+        iov: &[Iov<'_>],
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        imm: u32,
+        _comp: Option<&Completion>,
+    ) -> Result<Status> {
+        let target = self.target()?;
+        // The queue stays locked across the write, so a full queue posts
+        // nothing and the event goes in right after its data: the target's
+        // progress never sees an event whose bytes are not there.
+        let mut queue = target.imm_queue.lock().unwrap_or_else(|p| p.into_inner());
+        if queue.len() >= SELF_IMM_QUEUE_LEN {
+            return Ok(Status::NoResource);
+        }
+        let len = self.write_iov(&target, iov, remote_addr, rkey)?;
+        queue.push_back(ImmEvent { imm, len });
         Ok(Status::Done)
     }
 

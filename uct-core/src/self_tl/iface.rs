@@ -1,5 +1,5 @@
-//! The self iface: a queue of incoming active messages and the MD's region
-//! table, registered in a process-wide directory so endpoints can find them.
+//! The self iface: queues of incoming active messages and immediates and the
+//! MD's region table, registered in a process-wide directory so endpoints can find them.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,13 +8,20 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use super::ep::SelfEp;
 use crate::ep::Endpoint;
 use crate::error::{Result, UctError};
-use crate::iface::{AmHandler, AmHandlers, Caps, EpParams, Iface, IfaceAttrs, SizeLimits};
+use crate::iface::{
+    AmHandler, AmHandlers, Caps, EpParams, Iface, IfaceAttrs, ImmEvent, ImmHandler, ImmHandlerSlot,
+    SizeLimits,
+};
 use crate::md::MemoryDomain;
 use crate::memory::MemoryType;
 use crate::region_table::RegionTable;
 
 /// Active messages queued to one iface before senders get NoResource.
 pub const SELF_AM_QUEUE_LEN: usize = 1024;
+
+/// Immediates (puts with immediate data) queued to one iface before writers
+/// get NoResource.
+pub const SELF_IMM_QUEUE_LEN: usize = 1024;
 
 /// What endpoints share with the iface they target.
 pub(super) struct SelfShared {
@@ -26,6 +33,9 @@ pub(super) struct SelfShared {
     /// Active messages (id, bytes) waiting for the iface's `progress`; at
     /// most [`SELF_AM_QUEUE_LEN`].
     pub(super) am_queue: Mutex<VecDeque<(u8, Vec<u8>)>>,
+    /// Immediates of puts whose data is already written, waiting for the
+    /// iface's `progress`; at most [`SELF_IMM_QUEUE_LEN`].
+    pub(super) imm_queue: Mutex<VecDeque<ImmEvent>>,
 }
 
 /// Every open self iface of this process, by iface id.
@@ -77,7 +87,8 @@ fn self_attrs() -> IfaceAttrs {
             | Caps::ATOMIC_SWAP
             | Caps::FLUSH
             | Caps::FENCE
-            | Caps::CONNECT_TO_IFACE,
+            | Caps::CONNECT_TO_IFACE
+            | Caps::PUT_IMM,
         put: limits(MAX_ZCOPY),
         get: limits(MAX_ZCOPY),
         am: limits(MAX_BCOPY),
@@ -100,6 +111,7 @@ pub struct SelfIface {
     md: Arc<dyn MemoryDomain>,
     attrs: IfaceAttrs,
     handlers: AmHandlers,
+    imm: ImmHandlerSlot,
 }
 
 impl SelfIface {
@@ -113,6 +125,7 @@ impl SelfIface {
             tl_name,
             table,
             am_queue: Mutex::new(VecDeque::new()),
+            imm_queue: Mutex::new(VecDeque::new()),
         });
         directory()
             .lock()
@@ -124,6 +137,7 @@ impl SelfIface {
             md,
             attrs: self_attrs(),
             handlers: AmHandlers::new(tl_name),
+            imm: ImmHandlerSlot::new(tl_name),
         }
     }
 }
@@ -212,6 +226,11 @@ impl Iface for SelfIface {
         self.handlers.set(id, handler)
     }
 
+    fn set_imm_handler(&mut self, handler: ImmHandler) -> Result<()> {
+        self.imm.set(handler);
+        Ok(())
+    }
+
     fn progress(&mut self) -> usize {
         // Take the whole batch so handlers may send to this iface again.
         let batch: VecDeque<(u8, Vec<u8>)> = std::mem::take(
@@ -221,9 +240,20 @@ impl Iface for SelfIface {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
         );
-        let delivered = batch.len();
+        let mut delivered = batch.len();
         for (id, data) in batch {
             self.handlers.deliver(id, &data);
+        }
+        let imms: VecDeque<ImmEvent> = std::mem::take(
+            &mut *self
+                .shared
+                .imm_queue
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        delivered += imms.len();
+        for event in imms {
+            self.imm.deliver(event);
         }
         delivered
     }
