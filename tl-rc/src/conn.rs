@@ -26,8 +26,10 @@ use uct_core::{
 
 use crate::keepalive::{Death, Liveness, SendQueue, Verdict};
 use crate::qp::{wc_opcode, wc_status, Cq, LocalPath, Qp, RemoteQp};
-use crate::tx::{FlushNeed, Plan, Signal, TxEvent, TxOp, TxTracker, WcOpcode, WcStatus, SEQ_LIMIT};
-use crate::wire::Immediate;
+use crate::tx::{FlushNeed, Plan, Signal, TxEvent, TxOp, TxTracker, WcOpcode, SEQ_LIMIT};
+
+mod recv;
+pub(crate) use recv::Received;
 
 /// Size of one bounce or receive segment: the largest bcopy and AM.
 pub(crate) const SEG: usize = 8192;
@@ -121,9 +123,9 @@ pub(crate) struct Connection {
     free_segs: Vec<usize>,
     recv: MemHandle,
     recv_lkey: u32,
-    /// Active messages received, for the iface to deliver: id, receive
-    /// segment and length. The segment is reposted after delivery.
-    pub(crate) ams: VecDeque<(u8, usize, usize)>,
+    /// Active messages and immediates received, in order, for the iface
+    /// to deliver; their segments are reposted after delivery.
+    pub(crate) received: VecDeque<Received>,
     /// The device, and once connected the peer's QP and GID: what errors
     /// name.
     label: String,
@@ -174,7 +176,7 @@ impl Connection {
             free_segs: (0..queues.tx as usize).rev().collect(),
             recv,
             recv_lkey,
-            ams: VecDeque::new(),
+            received: VecDeque::new(),
             label: device.to_string(),
             live: Liveness::new(queues.peer_timeout, Instant::now()),
             saw_progress: false,
@@ -190,20 +192,6 @@ impl Connection {
             conn.post_recv(seg)?;
         }
         Ok(conn)
-    }
-
-    /// Hands receive segment `seg` to the NIC.
-    fn post_recv(&mut self, seg: usize) -> Result<()> {
-        let addr = self.recv.addr() + (seg * SEG) as u64;
-        // SAFETY: the segment lies inside `recv`, registered with
-        // `recv_lkey` and owned by this connection (which outlives the QP's
-        // work); the CPU reads it only after its completion, until it is
-        // posted again.
-        unsafe {
-            self.qp()?
-                .post_recv(RECV_BIT | seg as u64, addr, SEG as u32, self.recv_lkey)
-        }?;
-        Ok(())
     }
 
     /// The QP, unless a failure destroyed it.
@@ -458,61 +446,6 @@ impl Connection {
             if let Some(error) = self.tx.failure().cloned() {
                 self.fail(error);
             }
-        }
-    }
-
-    fn on_receive(&mut self, wc: &ibv_wc, status: WcStatus) {
-        let seg = (wc.wr_id & !RECV_BIT) as usize;
-        if let WcStatus::Failed {
-            name,
-            code,
-            vendor_err,
-        } = status
-        {
-            if self.tx.failure().is_none() {
-                self.fail(UctError::EndpointFailed(format!(
-                    "rc {}: a receive failed with work completion status {name} ({code}), vendor error {vendor_err:#x}",
-                    self.label
-                )));
-            }
-            return;
-        }
-        if wc.opcode != ibv_wc_opcode::IBV_WC_RECV
-            || wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0
-        {
-            self.fail(UctError::Protocol(format!(
-                "rc {}: a receive completed with {} and no immediate",
-                self.label,
-                wc_opcode(wc.opcode)
-            )));
-            return;
-        }
-        // SAFETY: with IBV_WC_WITH_IMM set, the union holds the immediate.
-        let imm = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
-        match Immediate::decode(imm) {
-            Ok(Immediate::Nop) => self.repost(seg),
-            // Delivered in place by the iface, then reposted.
-            Ok(Immediate::ActiveMessage(id)) => {
-                let len = (wc.byte_len as usize).min(SEG);
-                self.ams.push_back((id, seg, len));
-            }
-            Err(e) => self.fail(UctError::Protocol(format!("rc {}: {e}", self.label))),
-        }
-    }
-
-    /// The receive buffers, for delivering active messages in place.
-    pub(crate) fn recv_buffer(&self) -> &MemHandle {
-        &self.recv
-    }
-
-    /// Gives receive segment `seg` back to the NIC after its message was
-    /// delivered.
-    pub(crate) fn repost(&mut self, seg: usize) {
-        if self.tx.failure().is_some() {
-            return;
-        }
-        if let Err(e) = self.post_recv(seg) {
-            self.fail(e);
         }
     }
 

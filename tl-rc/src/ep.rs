@@ -11,7 +11,7 @@ use uct_core::{
 };
 
 use crate::conn::{Connection, MAX_IOV, MAX_ZCOPY, SEG};
-use crate::post::{iov_sges, AtomicOp, RdmaDirection, RDMA_READ, RDMA_WRITE};
+use crate::post::{iov_sges, AtomicOp, RdmaDirection, RDMA_READ, RDMA_WRITE, RDMA_WRITE_IMM};
 use crate::qp::{LocalPath, RemoteQp};
 use crate::wire::{DeviceAddress, EpAddress};
 
@@ -80,21 +80,23 @@ impl RcEp {
             .post_copy(opcode, parts, remote, am_id, what, inline)
     }
 
-    /// A zero-copy RDMA write or read of the iov list.
+    /// A zero-copy RDMA write or read of the iov list; `imm` for a write
+    /// with immediate.
     fn rdma_zcopy(
         &mut self,
         direction: &RdmaDirection,
         iov: &[Iov<'_>],
-        remote_addr: u64,
-        rkey: &RemoteKey,
+        remote: (u64, &RemoteKey),
+        imm: Option<u32>,
         comp: Option<&Completion>,
     ) -> Result<Status> {
+        let (remote_addr, rkey) = remote;
         let key = *Self::key(rkey)?;
         let (mut sges, keep, total) = iov_sges(&self.md, iov, direction.what, MAX_ZCOPY)?;
         key.precheck(remote_addr, total as u64, direction.needed)?;
         let remote = (remote_addr, key.rkey);
         self.lock()
-            .post_rdma_zcopy(direction, &mut sges, keep, remote, comp)
+            .post_rdma_zcopy(direction, &mut sges, keep, remote, imm, comp)
     }
 
     /// A verbs atomic on the 8 bytes at `remote_addr`; the old value goes
@@ -163,7 +165,18 @@ impl Endpoint for RcEp {
         rkey: &RemoteKey,
         comp: Option<&Completion>,
     ) -> Result<Status> {
-        self.rdma_zcopy(&RDMA_WRITE, iov, remote_addr, rkey, comp)
+        self.rdma_zcopy(&RDMA_WRITE, iov, (remote_addr, rkey), None, comp)
+    }
+
+    fn put_zcopy_imm(
+        &mut self,
+        iov: &[Iov<'_>],
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        imm: u32,
+        comp: Option<&Completion>,
+    ) -> Result<Status> {
+        self.rdma_zcopy(&RDMA_WRITE_IMM, iov, (remote_addr, rkey), Some(imm), comp)
     }
 
     fn get_short(&mut self, _buf: &mut [u8], _addr: u64, _rkey: &RemoteKey) -> Result<Status> {
@@ -193,7 +206,7 @@ impl Endpoint for RcEp {
         rkey: &RemoteKey,
         comp: Option<&Completion>,
     ) -> Result<Status> {
-        self.rdma_zcopy(&RDMA_READ, iov, remote_addr, rkey, comp)
+        self.rdma_zcopy(&RDMA_READ, iov, (remote_addr, rkey), None, comp)
     }
 
     fn am_short(&mut self, id: u8, header: u64, payload: &[u8]) -> Result<Status> {

@@ -1,17 +1,18 @@
 //! The rc iface: one port of one device. Endpoints connect endpoint to
 //! endpoint (QP number and PSN); `progress` polls their completion queues
-//! and delivers active messages.
+//! and delivers active messages and the immediates of puts with immediate
+//! data.
 
 use std::sync::{Arc, Mutex, Weak};
 
 use md_ib::{GidEntry, IbMd, PortInfo};
 use uct_core::iface::AmHandlers;
 use uct_core::{
-    AmHandler, Caps, Endpoint, EpParams, Iface, IfaceAttrs, MemoryDomain, MemoryType, Result,
-    SizeLimits, UctError,
+    AmHandler, Caps, Endpoint, EpParams, Iface, IfaceAttrs, ImmHandler, ImmHandlerSlot,
+    MemoryDomain, MemoryType, Result, SizeLimits, UctError,
 };
 
-use crate::conn::{Connection, Queues, MAX_IOV, MAX_ZCOPY, SEG};
+use crate::conn::{Connection, Queues, Received, MAX_IOV, MAX_ZCOPY, SEG};
 use crate::ep::{RcEp, MAX_AM_HEADER};
 use crate::qp::LocalPath;
 use crate::wire::{self, DeviceAddress};
@@ -25,12 +26,13 @@ pub struct RcIface {
     gid: GidEntry,
     attrs: IfaceAttrs,
     handlers: AmHandlers,
+    imm: ImmHandlerSlot,
     /// The endpoints' connections, polled by `progress`.
     conns: Vec<Weak<Mutex<Connection>>>,
     queues: Queues,
-    /// Reused lists: active messages to deliver (id, receive segment,
-    /// length), and the connections of one `progress`.
-    ams: Vec<(u8, usize, usize)>,
+    /// Reused lists: active messages and immediates to deliver, and the
+    /// connections of one `progress`.
+    received: Vec<Received>,
     scratch: Vec<Arc<Mutex<Connection>>>,
 }
 
@@ -78,7 +80,8 @@ impl RcIface {
             | Caps::FLUSH
             | Caps::FENCE
             | Caps::CONNECT_TO_EP
-            | Caps::ERRHANDLE_PEER_FAILURE;
+            | Caps::ERRHANDLE_PEER_FAILURE
+            | Caps::PUT_IMM;
         if info.atomics {
             caps |= Caps::ATOMIC64;
         }
@@ -125,6 +128,7 @@ impl RcIface {
         Ok(RcIface {
             md,
             handlers: AmHandlers::new(format!("rc {dev}")),
+            imm: ImmHandlerSlot::new(format!("rc {dev}")),
             dev,
             ib,
             port,
@@ -132,7 +136,7 @@ impl RcIface {
             attrs,
             conns: Vec::new(),
             queues,
-            ams: Vec::new(),
+            received: Vec::new(),
             scratch: Vec::new(),
         })
     }
@@ -201,6 +205,11 @@ impl Iface for RcIface {
         self.handlers.set(id, handler)
     }
 
+    fn set_imm_handler(&mut self, handler: ImmHandler) -> Result<()> {
+        self.imm.set(handler);
+        Ok(())
+    }
+
     fn progress(&mut self) -> usize {
         let mut count = 0;
         let mut conns = std::mem::take(&mut self.scratch);
@@ -215,29 +224,39 @@ impl Iface for RcIface {
         for conn in &conns {
             let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
             count += guard.progress();
-            if guard.ams.is_empty() {
+            if guard.received.is_empty() {
                 continue;
             }
-            self.ams.clear();
-            self.ams.extend(guard.ams.drain(..));
+            self.received.clear();
+            self.received.extend(guard.received.drain(..));
             let recv = guard.recv_buffer().clone();
             // Handlers run outside the connection's lock (they may send),
-            // reading each message in place in its receive segment.
+            // in the order the receives completed.
             drop(guard);
-            for &(id, seg, len) in &self.ams {
-                let data = match recv.host_ptr(seg * SEG, len) {
-                    // SAFETY: `host_ptr` checked that [seg * SEG, +len) is
-                    // inside `recv`, which this clone keeps alive; the NIC
-                    // does not write the segment until it is reposted
-                    // below, after the handler returned.
-                    Ok(p) => unsafe { std::slice::from_raw_parts(p as *const u8, len) },
-                    Err(_) => &[],
-                };
-                self.handlers.deliver(id, data);
+            for got in &self.received {
+                match *got {
+                    Received::Am { id, seg, len } => {
+                        let data = match recv.host_ptr(seg * SEG, len) {
+                            // SAFETY: `host_ptr` checked that [seg * SEG,
+                            // +len) is inside `recv`, which this clone keeps
+                            // alive; the NIC does not write the segment
+                            // until it is reposted below, after the handler
+                            // returned.
+                            Ok(p) => unsafe { std::slice::from_raw_parts(p as *const u8, len) },
+                            Err(_) => &[],
+                        };
+                        self.handlers.deliver(id, data);
+                    }
+                    // The write's data was placed before its receive
+                    // completed (RC), so it is visible to the handler.
+                    Received::Imm { event, .. } => {
+                        self.imm.deliver(event);
+                    }
+                }
             }
             let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
-            for &(_, seg, _) in &self.ams {
-                guard.repost(seg);
+            for got in &self.received {
+                guard.repost(got.seg());
             }
         }
         conns.clear();

@@ -6,7 +6,8 @@
 //! configuration), `md.rs` (the memory domain), `iface.rs`, `ep.rs`; and
 //! for rc: `tx.rs` (the send side as a state machine without verbs),
 //! `keepalive.rs` (when to probe the peer and when to give it up),
-//! `conn.rs` (the endpoint's verbs I/O and completions), `post.rs` (building
+//! `conn.rs` (the endpoint's verbs I/O and completions; `conn/recv.rs` its
+//! receive side: active messages and immediates), `post.rs` (building
 //! each kind of work request), `qp.rs` (completion queues and
 //! queue pairs, public so that tests can play a hostile peer with raw
 //! verbs) and `wire.rs` (addresses and immediate data).

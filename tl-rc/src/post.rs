@@ -30,6 +30,16 @@ pub(crate) const RDMA_WRITE: RdmaDirection = RdmaDirection {
     what: "put_zcopy",
 };
 
+/// put_zcopy_imm: a write whose immediate consumes a receive of the peer,
+/// completed there after the data.
+pub(crate) const RDMA_WRITE_IMM: RdmaDirection = RdmaDirection {
+    opcode: ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+    // The sender's completion of a write with immediate is a write's.
+    expect: WcOpcode::RdmaWrite,
+    needed: Access::REMOTE_WRITE,
+    what: "put_zcopy_imm",
+};
+
 /// get_zcopy.
 pub(crate) const RDMA_READ: RdmaDirection = RdmaDirection {
     opcode: ibv_wr_opcode::IBV_WR_RDMA_READ,
@@ -225,13 +235,15 @@ impl Connection {
     }
 
     /// A zero-copy RDMA write or read of `sges` (memory kept alive by
-    /// `keep`) to or from `remote` (address and rkey).
+    /// `keep`) to or from `remote` (address and rkey), with immediate data
+    /// `imm` (host order) for a write with immediate.
     pub(crate) fn post_rdma_zcopy(
         &mut self,
         direction: &RdmaDirection,
         sges: &mut [ibv_sge],
         keep: Vec<MemHandle>,
         remote: (u64, u32),
+        imm: Option<u32>,
         comp: Option<&Completion>,
     ) -> Result<Status> {
         if !self.ready()? {
@@ -239,6 +251,9 @@ impl Connection {
         }
         let mut wr = empty_wr(direction.opcode, sges);
         set_rdma(&mut wr, remote.0, remote.1);
+        if let Some(imm) = imm {
+            set_imm_raw(&mut wr, imm);
+        }
         if let Some(c) = comp {
             c.start();
         }
@@ -391,7 +406,13 @@ fn set_rdma(wr: &mut ibv_send_wr, addr: u64, rkey: u32) {
 
 /// Sets the immediate data of a send, in network order as verbs wants it.
 fn set_imm(wr: &mut ibv_send_wr, imm: Immediate) {
-    wr.imm_data_invalidated_rkey_union.imm_data = imm.encode().to_be();
+    set_imm_raw(wr, imm.encode());
+}
+
+/// Sets `imm` (host order) as immediate data, in network order (htonl):
+/// the receiver reads it back with ntohl (conn/recv.rs).
+fn set_imm_raw(wr: &mut ibv_send_wr, imm: u32) {
+    wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! rc against dying and hostile peers, on a real RDMA device (inside
 //! scripts/rxe-vm, Soft-RoCE): a peer process killed while a READ is posted
 //! or while the queue pair sits idle, a peer that sends garbage while a
-//! READ is outstanding, an endpoint dropped with a READ outstanding, and
-//! zero-copy lists longer than rc's limit. Inside the VM
+//! READ is outstanding, an endpoint dropped with a READ outstanding,
+//! zero-copy lists longer than rc's limit, and puts with immediate data
+//! (peer_vm/imm.rs). Inside the VM
 //! (`RXE_VM_DEVICE=rxe0`), or where `UCT_TEST_EXPECT` names rc, a missing
 //! device fails every test; elsewhere they are reported as ignored, with
 //! the reason, never as passed.
@@ -11,6 +12,8 @@
 //! peer must be found within 4 s, and the time the bytes ahead of the
 //! completion waited for take at keepalive::FLOOR_BANDWIDTH.
 
+#[path = "peer_vm/imm.rs"]
+mod imm;
 #[path = "peer_vm/rig.rs"]
 mod rig;
 
@@ -380,6 +383,18 @@ fn main() {
         (
             "zcopy_over_max_zcopy_is_refused",
             zcopy_over_max_zcopy_is_refused,
+        ),
+        (
+            "thousand_immediates_in_order_after_their_data",
+            imm::thousand_immediates_in_order_after_their_data,
+        ),
+        (
+            "immediates_with_no_handler_are_dropped",
+            imm::immediates_with_no_handler_are_dropped,
+        ),
+        (
+            "hostile_writes_with_immediate_are_delivered_safely",
+            imm::hostile_writes_with_immediate_are_delivered_safely,
         ),
     ];
     let absent = match rig::device() {

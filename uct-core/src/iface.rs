@@ -177,7 +177,7 @@ pub struct AmMessage<'a> {
 pub type AmHandler = Box<dyn FnMut(AmMessage<'_>) + Send>;
 
 /// An incoming put with immediate data
-/// ([`Endpoint::put_zcopy_imm`](crate::Endpoint::put_zcopy_imm)), as the
+/// ([`Endpoint::put_zcopy_imm`]), as the
 /// target iface's immediate handler sees it: the write's data is already in
 /// place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

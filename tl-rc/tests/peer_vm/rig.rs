@@ -280,6 +280,8 @@ pub struct Hostile {
     _cq: Arc<Cq>,
     pub region: MemHandle,
     pub rkey: RemoteKey,
+    /// The local key of `region`, for the writes it sends.
+    lkey: u32,
 }
 
 impl Hostile {
@@ -291,6 +293,7 @@ impl Hostile {
         region.write(0, &vec![PATTERN; len])?;
         let entry = md.pack_rkey(&region)?;
         let rkey = IbMd::unpack_rkey("ib", &entry)?;
+        let lkey = md.lkey_of(&region)?;
         let port = md
             .info()
             .ports
@@ -325,6 +328,7 @@ impl Hostile {
             _cq: cq,
             region,
             rkey,
+            lkey,
         })
     }
 
@@ -337,6 +341,39 @@ impl Hostile {
         wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
         wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
         // SAFETY: the request carries no memory (no SGE).
+        unsafe { self.qp.post_send(&mut wr) }?;
+        Ok(())
+    }
+}
+
+impl Hostile {
+    /// Sends an RDMA WRITE WITH IMMEDIATE of the first `len` bytes of its
+    /// region (at most its length) to `addr` under the peer's `rkey`, with
+    /// immediate `imm` (host order), unsignalled: what a peer may send
+    /// whether or not the receiver expects it.
+    pub fn write_imm(&self, addr: u64, rkey: u32, len: usize, imm: u32) -> Result<(), Failed> {
+        if len > self.region.len() {
+            return Err(format!("{len} bytes from a region of {}", self.region.len()).into());
+        }
+        let mut sge = ibv_sge {
+            addr: self.region.addr(),
+            length: len as u32,
+            lkey: self.lkey,
+        };
+        // SAFETY: ibv_send_wr is plain C data; all zeroes is valid, filled
+        // in below.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.sg_list = &mut sge;
+        wr.num_sge = i32::from(len > 0);
+        wr.wr.rdma = rdma_t {
+            remote_addr: addr,
+            rkey,
+        };
+        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        // SAFETY: the SGE points at `len` bytes (checked above) of `region`,
+        // registered with `lkey` and owned by `self`, which the QP (its
+        // first field) does not outlive.
         unsafe { self.qp.post_send(&mut wr) }?;
         Ok(())
     }
