@@ -376,3 +376,12 @@ pub fn check_size(transport: &str, what: &str, len: usize, max: usize) -> Result
     }
     Ok(())
 }
+
+/// Why transport `transport`, which moves `moves` memory, cannot use
+/// `mem_type` memory: the one message perftest and the transfer API print.
+pub fn cannot_move(transport: &str, moves: &[MemoryType], mem_type: MemoryType) -> String {
+    format!(
+        "{transport} cannot use {mem_type} memory: it moves {} memory only; {mem_type} memory needs an RDMA NIC with DMA-buf support, e.g. `perftest -t rc -m {mem_type}` on mlx5, efa, irdma or bnxt_re",
+        moves.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
+    )
+}

@@ -106,10 +106,10 @@ pub fn open_iface(reg: &Registry, params: &Params) -> Result<Box<dyn Iface>> {
         // A NIC that could carry device memory, were its driver able to
         // import DMA-buf, is refused at registration with its own message.
         if !iface.attrs().mem_types.contains(&mem_type) && iface.md().refusal(mem_type).is_none() {
-            return Err(PerfError::Usage(format!(
-                "{} cannot use {mem_type} memory: it moves {} memory only; {mem_type} memory needs an RDMA NIC with DMA-buf support, e.g. `perftest -t rc -m {mem_type}` on mlx5, efa, irdma or bnxt_re",
-                params.transport,
-                iface.attrs().mem_types.iter().map(|known| known.name()).collect::<Vec<_>>().join(", ")
+            return Err(PerfError::Usage(uct_core::memory::cannot_move(
+                &params.transport,
+                &iface.attrs().mem_types,
+                mem_type,
             )));
         }
         if !mem_type.is_host_accessible()

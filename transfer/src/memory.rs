@@ -1,0 +1,461 @@
+//! Registered memory and the views cut from it.
+//!
+//! Memory is registered once, with every memory domain the Transport may
+//! use (before connect, each transport bind() offers; after, the one
+//! chosen), so that a memory type a transport cannot reach is refused
+//! here and never at the first write.
+
+use std::sync::Arc;
+
+use uct_core::host_alloc::HostAlloc;
+use uct_core::{Access, MdFlags, MemHandle, MemoryDomain, MemoryType, RkeyBundle};
+
+use crate::error::{Result, TransferError};
+use crate::transport::{RegTarget, Transport};
+
+/// One registration of the memory, with one memory domain.
+struct Registration {
+    md: Arc<dyn MemoryDomain>,
+    handle: MemHandle,
+}
+
+struct Inner {
+    // Fields drop in order: the registrations first, then what they
+    // register (the allocation that owns the bytes).
+    regs: Vec<Registration>,
+    base: u64,
+    len: usize,
+    mem_type: MemoryType,
+    access: Access,
+    key: String,
+    /// The allocation the registrations cover, where it is not one of them.
+    _owner: Option<MemHandle>,
+    _host: Option<HostAlloc>,
+}
+
+/// Memory registered for a Transport: allocated by it, or the
+/// application's. `Send + Sync` and cheap to clone; the registrations
+/// live until the last clone, view and operation using it is gone.
+#[derive(Clone)]
+pub struct Memory {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Memory")
+            .field("base", &format_args!("{:#x}", self.inner.base))
+            .field("len", &self.inner.len)
+            .field("mem_type", &self.inner.mem_type)
+            .field(
+                "mds",
+                &self
+                    .inner
+                    .regs
+                    .iter()
+                    .map(|r| r.md.name())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// Why `target` cannot register `mem_type` memory, where it cannot: the
+/// words perftest uses, or the MD's own (a NIC without DMA-buf import
+/// says which NICs have it).
+fn refusal(target: &RegTarget, mem_type: MemoryType) -> Option<String> {
+    if let Some(why) = target.md.refusal(mem_type) {
+        return Some(why);
+    }
+    if target.mem_types.contains(&mem_type) {
+        return None;
+    }
+    Some(uct_core::memory::cannot_move(
+        &target.transport,
+        &target.mem_types,
+        mem_type,
+    ))
+}
+
+fn check_reachable(targets: &[RegTarget], mem_type: MemoryType) -> Result<()> {
+    for t in targets {
+        if let Some(why) = refusal(t, mem_type) {
+            return Err(TransferError::MemoryType(why));
+        }
+    }
+    Ok(())
+}
+
+impl Memory {
+    /// Allocates `len` bytes of `mem_type` memory that peers may read and
+    /// write (and run atomics on).
+    pub fn alloc(transport: &Transport, mem_type: MemoryType, len: usize) -> Result<Memory> {
+        Memory::alloc_with(transport, mem_type, len, Access::all())
+    }
+
+    /// Allocates memory with the rights peers get: `Access::remote_read_only()`
+    /// makes a buffer peers can read and not write.
+    pub fn alloc_with(
+        transport: &Transport,
+        mem_type: MemoryType,
+        len: usize,
+        access: Access,
+    ) -> Result<Memory> {
+        if len == 0 {
+            return Err(TransferError::Config(
+                "a registration of 0 bytes; ask for at least 1".into(),
+            ));
+        }
+        let targets = transport.reg_targets();
+        check_reachable(&targets, mem_type)?;
+        let access = access | Access::LOCAL_READ | Access::LOCAL_WRITE;
+        if !mem_type.is_host_accessible() {
+            // Device memory: the device's MD allocates, the transports'
+            // MDs register it (a NIC imports its DMA-buf).
+            let owner = transport.device_md(mem_type)?;
+            let dev = owner.alloc(len, mem_type, access)?;
+            return Memory::from_handle(&targets, dev, access);
+        }
+        // Host memory: the first MD that allocates (posix needs its own
+        // shared memory), registered by address with the others.
+        if let Some(first) = targets.iter().position(|t| allocates_host(&t.md)) {
+            let owner = targets[first].md.alloc(len, MemoryType::Host, access)?;
+            let base = owner.addr();
+            let mut regs = vec![Registration {
+                md: targets[first].md.clone(),
+                handle: owner,
+            }];
+            for (i, t) in targets.iter().enumerate() {
+                if i != first {
+                    // SAFETY: the bytes belong to `regs[0]`'s allocation,
+                    // which Inner drops after every other registration.
+                    let h = unsafe { t.md.register(base as *mut u8, len, access) }?;
+                    regs.push(Registration {
+                        md: t.md.clone(),
+                        handle: h,
+                    });
+                }
+            }
+            // The allocation must outlive the registrations of its bytes:
+            // move it last.
+            regs.rotate_left(1);
+            return Ok(Memory::build(
+                regs,
+                base,
+                len,
+                MemoryType::Host,
+                access,
+                None,
+                None,
+            ));
+        }
+        let host = HostAlloc::new(len)?;
+        // SAFETY: `host` is kept in Inner and dropped after the
+        // registrations.
+        let regs = unsafe { register_all(&targets, host.as_ptr(), len, access) }?;
+        let base = host.as_ptr() as u64;
+        Ok(Memory::build(
+            regs,
+            base,
+            len,
+            MemoryType::Host,
+            access,
+            None,
+            Some(host),
+        ))
+    }
+
+    /// Registers host memory the application owns.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be host memory that stays allocated, and is not
+    /// freed or unmapped, until this Memory, every clone and view of it and
+    /// every operation using it are gone. Peers granted write access may
+    /// change it at any time.
+    pub unsafe fn register_raw(
+        transport: &Transport,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Memory> {
+        let targets = transport.reg_targets();
+        check_reachable(&targets, MemoryType::Host)?;
+        let access = access | Access::LOCAL_READ | Access::LOCAL_WRITE;
+        if let Some(t) = targets
+            .iter()
+            .find(|t| !t.md.attrs().flags.contains(MdFlags::REG))
+        {
+            return Err(TransferError::MemoryType(format!(
+                "{} cannot register memory the application allocated (a peer maps only memory it allocated itself); use Memory::alloc",
+                t.transport
+            )));
+        }
+        // SAFETY: the caller keeps the bytes alive as documented above.
+        let regs = unsafe { register_all(&targets, ptr, len, access) }?;
+        Ok(Memory::build(
+            regs,
+            ptr as u64,
+            len,
+            MemoryType::Host,
+            access,
+            None,
+            None,
+        ))
+    }
+
+    /// Registers memory another memory domain allocated (Gaudi HBM from
+    /// md-gaudi, say); the Memory keeps `mem` alive.
+    pub fn register_handle(
+        transport: &Transport,
+        mem: &MemHandle,
+        access: Access,
+    ) -> Result<Memory> {
+        let targets = transport.reg_targets();
+        check_reachable(&targets, mem.mem_type())?;
+        Memory::from_handle(&targets, mem.clone(), access)
+    }
+
+    fn from_handle(targets: &[RegTarget], mem: MemHandle, access: Access) -> Result<Memory> {
+        let mut regs = Vec::with_capacity(targets.len());
+        for t in targets {
+            let handle = if t.md.name() == mem.md_name() {
+                mem.clone()
+            } else {
+                t.md.register_handle(&mem, access).map_err(|e| {
+                    TransferError::MemoryType(format!(
+                        "{} cannot register this {} memory: {e}",
+                        t.transport,
+                        mem.mem_type()
+                    ))
+                })?
+            };
+            regs.push(Registration {
+                md: t.md.clone(),
+                handle,
+            });
+        }
+        let (base, len, mem_type) = (mem.addr(), mem.len(), mem.mem_type());
+        Ok(Memory::build(
+            regs,
+            base,
+            len,
+            mem_type,
+            access,
+            Some(mem),
+            None,
+        ))
+    }
+
+    fn build(
+        regs: Vec<Registration>,
+        base: u64,
+        len: usize,
+        mem_type: MemoryType,
+        access: Access,
+        owner: Option<MemHandle>,
+        host: Option<HostAlloc>,
+    ) -> Memory {
+        let mut bundle = RkeyBundle::new();
+        let mut entries_ok = true;
+        for r in &regs {
+            match r.md.pack_rkey(&r.handle).and_then(|e| bundle.push(e)) {
+                Ok(()) => {}
+                Err(e) => {
+                    log::warn!("transfer: no rkey from memory domain {}: {e}", r.md.name());
+                    entries_ok = false;
+                }
+            }
+        }
+        let packed = bundle.pack().unwrap_or_default();
+        if !entries_ok {
+            log::warn!("transfer: the remote key of this memory lacks some memory domains");
+        }
+        let key = crate::key::format(base, len, access, mem_type, &packed);
+        Memory {
+            inner: Arc::new(Inner {
+                regs,
+                base,
+                len,
+                mem_type,
+                access,
+                key,
+                _owner: owner,
+                _host: host,
+            }),
+        }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    /// Whether it is empty (never: registrations have at least a byte).
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// The address it starts at (a CPU address for host memory, a device
+    /// address for device memory).
+    pub fn addr(&self) -> u64 {
+        self.inner.base
+    }
+
+    /// Its memory type.
+    pub fn mem_type(&self) -> MemoryType {
+        self.inner.mem_type
+    }
+
+    /// The rights it was registered with.
+    pub fn access(&self) -> Access {
+        self.inner.access
+    }
+
+    /// Whether `[addr, addr+len)` lies inside it.
+    pub fn contains(&self, addr: u64, len: usize) -> bool {
+        addr >= self.inner.base
+            && (addr - self.inner.base)
+                .checked_add(len as u64)
+                .is_some_and(|end| end <= self.inner.len as u64)
+    }
+
+    /// A view of `len` bytes from `offset`; out of range is refused.
+    pub fn view(&self, offset: usize, len: usize) -> Result<View> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.inner.len => Ok(View {
+                mem: self.clone(),
+                offset,
+                len,
+            }),
+            _ => Err(TransferError::OutOfRange {
+                what: "view",
+                offset,
+                len,
+                of: "memory",
+                size: self.inner.len,
+            }),
+        }
+    }
+
+    /// A view of all of it.
+    pub fn whole(&self) -> View {
+        View {
+            mem: self.clone(),
+            offset: 0,
+            len: self.inner.len,
+        }
+    }
+
+    /// The printable, versioned key a peer passes to
+    /// [`RemoteBuffer::parse`](crate::RemoteBuffer::parse): the packed rkey
+    /// of every registration, the base address, the length and the rights.
+    pub fn remote_key(&self) -> String {
+        self.inner.key.clone()
+    }
+
+    /// Copies `data` into host memory at `offset`.
+    pub fn write_bytes(&self, offset: usize, data: &[u8]) -> Result<()> {
+        Ok(self.any_handle().write(self.region_offset(offset)?, data)?)
+    }
+
+    /// Copies host memory at `offset` into `out`.
+    pub fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        Ok(self.any_handle().read(self.region_offset(offset)?, out)?)
+    }
+
+    fn any_handle(&self) -> &MemHandle {
+        &self.inner.regs[0].handle
+    }
+
+    /// `offset` of this memory as an offset into the registration's region
+    /// (a registration may start before the memory, as with a handle).
+    fn region_offset(&self, offset: usize) -> Result<usize> {
+        let h = self.any_handle();
+        Ok((self.inner.base - h.addr()) as usize + offset)
+    }
+
+    /// The registration with memory domain `md`, and the offset of this
+    /// memory's first byte in it.
+    pub(crate) fn handle_for(&self, md: &str) -> Result<(&MemHandle, usize)> {
+        let reg = self
+            .inner
+            .regs
+            .iter()
+            .find(|r| r.md.name() == md)
+            .ok_or_else(|| TransferError::ForeignMemory {
+                registered: self
+                    .inner
+                    .regs
+                    .iter()
+                    .map(|r| r.md.name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                ours: md.to_string(),
+            })?;
+        Ok((&reg.handle, (self.inner.base - reg.handle.addr()) as usize))
+    }
+}
+
+fn allocates_host(md: &Arc<dyn MemoryDomain>) -> bool {
+    let a = md.attrs();
+    a.flags.contains(MdFlags::ALLOC) && a.alloc_mem_types.contains(&MemoryType::Host)
+}
+
+/// Registers `ptr..ptr+len` with every target.
+///
+/// # Safety
+/// The bytes must outlive the returned registrations.
+unsafe fn register_all(
+    targets: &[RegTarget],
+    ptr: *mut u8,
+    len: usize,
+    access: Access,
+) -> Result<Vec<Registration>> {
+    targets
+        .iter()
+        .map(|t| {
+            // SAFETY: the caller keeps the bytes alive.
+            let handle = unsafe { t.md.register(ptr, len, access) }?;
+            Ok(Registration {
+                md: t.md.clone(),
+                handle,
+            })
+        })
+        .collect()
+}
+
+/// A bounds-checked range of a [`Memory`]: what `write` sends from and
+/// `read` lands in. Cheap to clone; keeps the memory registered.
+#[derive(Clone, Debug)]
+pub struct View {
+    mem: Memory,
+    offset: usize,
+    len: usize,
+}
+
+impl View {
+    /// The address of its first byte.
+    pub fn data(&self) -> u64 {
+        self.mem.addr() + self.offset as u64
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Its offset in the memory.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The memory it is cut from.
+    pub fn memory(&self) -> &Memory {
+        &self.mem
+    }
+}

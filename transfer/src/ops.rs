@@ -1,0 +1,325 @@
+//! The futures: one for each write, read, batch or flush ([`OpFuture`]),
+//! and one for each notification awaited ([`WaitForWrite`]). Plain
+//! `std::future::Future`s: whoever completes an operation (the progress
+//! thread, or the caller's `progress()` in manual mode) wakes the task that
+//! waits for it, on whatever executor it runs.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use crate::error::{Result, TransferError};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means a waker panicked; the state is intact.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A result, once, and the waker of whoever waits for it.
+struct Cell<T> {
+    result: Option<T>,
+    waker: Option<Waker>,
+    /// The result was taken by a poll, or the future dropped unresolved.
+    closed: bool,
+}
+
+impl<T> Cell<T> {
+    fn new() -> Mutex<Cell<T>> {
+        Mutex::new(Cell {
+            result: None,
+            waker: None,
+            closed: false,
+        })
+    }
+}
+
+/// Stores the first result given; false when one was given before or the
+/// future is gone.
+fn fill<T>(cell: &Mutex<Cell<T>>, value: T) -> bool {
+    let waker = {
+        let mut c = lock(cell);
+        if c.result.is_some() || c.closed {
+            return false;
+        }
+        c.result = Some(value);
+        c.waker.take()
+    };
+    if let Some(w) = waker {
+        w.wake();
+    }
+    true
+}
+
+fn poll_cell<T>(cell: &Mutex<Cell<T>>, cx: &mut Context<'_>, gone: impl FnOnce() -> T) -> Poll<T> {
+    let mut c = lock(cell);
+    if let Some(r) = c.result.take() {
+        c.closed = true;
+        return Poll::Ready(r);
+    }
+    if c.closed {
+        // Polled again after it resolved.
+        return Poll::Ready(gone());
+    }
+    match &mut c.waker {
+        Some(w) if w.will_wake(cx.waker()) => {}
+        slot => *slot = Some(cx.waker().clone()),
+    }
+    Poll::Pending
+}
+
+/// Where an operation's result lands.
+pub(crate) struct Slot(Mutex<Cell<Result<()>>>);
+
+impl Slot {
+    pub(crate) fn new() -> Arc<Slot> {
+        Arc::new(Slot(Cell::new()))
+    }
+
+    /// Whether the operation has resolved.
+    pub(crate) fn is_done(&self) -> bool {
+        let c = lock(&self.0);
+        c.result.is_some() || c.closed
+    }
+
+    /// Resolves the operation; later results are ignored.
+    pub(crate) fn complete(&self, result: Result<()>) {
+        fill(&self.0, result);
+    }
+}
+
+/// The future of a write, read, batch or flush: resolves once the
+/// operation completed, with its error if it failed. The operation was
+/// posted (or queued, past the depth) when the future was made: dropping
+/// the future does not cancel it.
+#[must_use = "the operation runs anyway; await the future to learn whether it succeeded"]
+pub struct OpFuture {
+    slot: Arc<Slot>,
+}
+
+impl OpFuture {
+    pub(crate) fn new(slot: Arc<Slot>) -> OpFuture {
+        OpFuture { slot }
+    }
+
+    /// A future that is resolved already.
+    pub(crate) fn ready(result: Result<()>) -> OpFuture {
+        let slot = Slot::new();
+        slot.complete(result);
+        OpFuture { slot }
+    }
+
+    /// Whether the operation has completed (the future will be ready).
+    pub fn is_done(&self) -> bool {
+        self.slot.is_done()
+    }
+}
+
+impl Future for OpFuture {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        poll_cell(&self.slot.0, cx, || {
+            Err(TransferError::Config(
+                "this future was polled after it resolved".into(),
+            ))
+        })
+    }
+}
+
+/// What a notified write tells its receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Notification {
+    /// Bytes the write carried.
+    pub len: usize,
+    /// The tag the writer chose (`write_tagged`); 0 for `write(.., true)`.
+    pub tag: u32,
+}
+
+type WaitCell = Mutex<Cell<Result<Notification>>>;
+
+/// Notifications that arrived and the waits that want them, each in order.
+pub(crate) struct Inbox {
+    state: Mutex<InboxState>,
+    /// Waits registered and not resolved: the progress thread spins while
+    /// there are any.
+    waiting: AtomicUsize,
+    /// Set when a peer sent more notifications than anyone waited for.
+    overflowed: AtomicBool,
+}
+
+struct InboxState {
+    arrived: VecDeque<Notification>,
+    waiters: VecDeque<Arc<WaitCell>>,
+    failed: Option<TransferError>,
+}
+
+/// Notifications kept for waits not yet made: a peer that sends more is
+/// flooding, and the connection fails.
+pub(crate) const MAX_BACKLOG: usize = 1 << 20;
+
+impl Inbox {
+    pub(crate) fn new() -> Arc<Inbox> {
+        Arc::new(Inbox {
+            state: Mutex::new(InboxState {
+                arrived: VecDeque::new(),
+                waiters: VecDeque::new(),
+                failed: None,
+            }),
+            waiting: AtomicUsize::new(0),
+            overflowed: AtomicBool::new(false),
+        })
+    }
+
+    /// A notification arrived: to the oldest wait, or kept for the next.
+    pub(crate) fn deliver(&self, n: Notification) {
+        let mut s = lock(&self.state);
+        if s.failed.is_some() {
+            return;
+        }
+        while let Some(w) = s.waiters.pop_front() {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            if fill(&w, Ok(n)) {
+                return;
+            }
+        }
+        if s.arrived.len() >= MAX_BACKLOG {
+            self.overflowed.store(true, Ordering::Release);
+            return;
+        }
+        s.arrived.push_back(n);
+    }
+
+    /// Whether the peer flooded notifications past [`MAX_BACKLOG`].
+    pub(crate) fn overflowed(&self) -> bool {
+        self.overflowed.load(Ordering::Acquire)
+    }
+
+    /// Whether a wait is pending.
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed) > 0
+    }
+
+    /// Ends every pending wait, and every later one once the notifications
+    /// that arrived before are taken, with `err`.
+    pub(crate) fn fail(&self, err: &TransferError) {
+        let mut s = lock(&self.state);
+        s.failed.get_or_insert_with(|| err.clone());
+        while let Some(w) = s.waiters.pop_front() {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            fill(&w, Err(err.clone()));
+        }
+    }
+
+    /// The next notification, as a future.
+    pub(crate) fn wait(self: &Arc<Self>) -> WaitForWrite {
+        let cell = Arc::new(Cell::new());
+        let mut s = lock(&self.state);
+        if let Some(n) = s.arrived.pop_front() {
+            fill(&cell, Ok(n));
+        } else if let Some(e) = &s.failed {
+            fill(&cell, Err(e.clone()));
+        } else {
+            s.waiters.push_back(cell.clone());
+            self.waiting.fetch_add(1, Ordering::Relaxed);
+        }
+        WaitForWrite { cell }
+    }
+}
+
+/// The future of [`Transport::wait_for_write`](crate::Transport::wait_for_write):
+/// the next notification, in the order the peer's notified writes were
+/// made. Waits are served in the order they were made; dropping one that
+/// has not resolved gives its place up (a notification it was already
+/// given is lost with it).
+#[must_use = "a wait does nothing unless awaited"]
+pub struct WaitForWrite {
+    cell: Arc<WaitCell>,
+}
+
+impl WaitForWrite {
+    /// Whether the wait has resolved.
+    pub fn is_done(&self) -> bool {
+        let c = lock(&self.cell);
+        c.result.is_some() || c.closed
+    }
+}
+
+impl Future for WaitForWrite {
+    type Output = Result<Notification>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Notification>> {
+        poll_cell(&self.cell, cx, || {
+            Err(TransferError::Config(
+                "this future was polled after it resolved".into(),
+            ))
+        })
+    }
+}
+
+impl Drop for WaitForWrite {
+    fn drop(&mut self) {
+        // The inbox skips a closed cell and hands its notification on.
+        lock(&self.cell).closed = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::executor::block_on;
+
+    #[test]
+    fn notifications_go_to_waits_in_order() {
+        let inbox = Inbox::new();
+        let w1 = inbox.wait();
+        let w2 = inbox.wait();
+        assert!(inbox.has_waiters());
+        inbox.deliver(Notification { len: 1, tag: 1 });
+        inbox.deliver(Notification { len: 2, tag: 2 });
+        inbox.deliver(Notification { len: 3, tag: 3 });
+        assert!(!inbox.has_waiters());
+        assert_eq!(block_on(w1).unwrap().tag, 1);
+        assert_eq!(block_on(w2).unwrap().tag, 2);
+        assert_eq!(block_on(inbox.wait()).unwrap().tag, 3);
+    }
+
+    #[test]
+    fn a_dropped_wait_gives_its_place_up() {
+        let inbox = Inbox::new();
+        let w1 = inbox.wait();
+        let w2 = inbox.wait();
+        drop(w1);
+        inbox.deliver(Notification { len: 7, tag: 7 });
+        assert_eq!(block_on(w2).unwrap().tag, 7);
+        assert!(!inbox.has_waiters());
+    }
+
+    #[test]
+    fn failure_ends_pending_waits_after_what_arrived() {
+        let inbox = Inbox::new();
+        inbox.deliver(Notification { len: 1, tag: 1 });
+        let w = inbox.wait();
+        let pending = {
+            // Taken already: the next wait is pending.
+            assert!(w.is_done());
+            inbox.wait()
+        };
+        inbox.fail(&TransferError::Closed);
+        assert_eq!(block_on(w).unwrap().tag, 1);
+        assert_eq!(block_on(pending), Err(TransferError::Closed));
+        assert_eq!(block_on(inbox.wait()), Err(TransferError::Closed));
+    }
+
+    #[test]
+    fn an_op_resolves_once_with_its_first_result() {
+        let slot = Slot::new();
+        let fut = OpFuture::new(slot.clone());
+        assert!(!fut.is_done());
+        slot.complete(Err(TransferError::Closed));
+        slot.complete(Ok(()));
+        assert_eq!(block_on(fut), Err(TransferError::Closed));
+    }
+}

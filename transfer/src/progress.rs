@@ -1,0 +1,87 @@
+//! The progress thread, and a block_on that drives progress itself.
+//!
+//! The thread spins (yielding the core) while anything is in flight or
+//! awaited, so that a notification is seen as soon as it lands; idle, it
+//! polls every millisecond (for connection set-up and liveness), and a new
+//! operation or wait wakes it at once.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::{Result, TransferError};
+use crate::transport::{Shared, Transport};
+
+/// Idle turns before the thread sleeps between polls.
+const SPIN_TURNS: u32 = 2000;
+
+/// Sleep between polls when idle.
+const IDLE_POLL: Duration = Duration::from_millis(1);
+
+pub(crate) fn spawn(shared: Arc<Shared>) -> Result<JoinHandle<()>> {
+    let s = shared.clone();
+    let handle = std::thread::Builder::new()
+        .name("uct-transfer".into())
+        .spawn(move || run(&s))
+        .map_err(|e| TransferError::Config(format!("cannot start the progress thread: {e}")))?;
+    let _ = shared.thread.set(handle.thread().clone());
+    Ok(handle)
+}
+
+fn run(shared: &Shared) {
+    let mut idle = 0u32;
+    while !shared.stop.load(Ordering::Acquire) {
+        let events = {
+            let mut phase = shared.phase.lock().unwrap_or_else(|p| p.into_inner());
+            shared.progress_in(&mut phase)
+        };
+        if shared.posters.load(Ordering::Acquire) > 0 {
+            // A caller waits for the lock to post: let it in.
+            std::thread::yield_now();
+        }
+        if events > 0 {
+            idle = 0;
+            continue;
+        }
+        idle = idle.saturating_add(1);
+        if shared.busy() {
+            if idle > 64 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        } else if idle > SPIN_TURNS {
+            std::thread::park_timeout(IDLE_POLL);
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Wakes the thread that blocks on a future.
+struct ThreadWaker(std::thread::Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Polls `fut` to completion, calling `transport.progress()` between polls.
+pub(crate) fn block_on_progress<F: Future>(transport: &Transport, fut: F) -> F::Output {
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = pin!(fut);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        if transport.progress() == 0 {
+            std::thread::yield_now();
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Which transports a Transport opens, which one connect() picks, and what
+//! is usable here at all.
+
+use std::sync::Arc;
+
+use uct_core::{Iface, MemoryDomain, MemoryType, Registry, Resource};
+
+use crate::error::{Result, TransferError};
+use crate::url::Offer;
+
+/// The order `auto` prefers transports in: within one process `self`;
+/// on one host shared memory; then a NIC (rc), then sockets; cma last, as
+/// it cannot notify. Both sides of a connection use this order, so both
+/// pick the same transport.
+pub const AUTO_ORDER: [&str; 5] = ["self", "posix", "rc", "tcp", "cma"];
+
+/// A transport on a device that a Transport will open.
+pub(crate) struct Candidate {
+    pub resource: Resource,
+}
+
+/// What [`Transport::probe`](crate::Transport::probe) finds for one
+/// transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// The transport.
+    pub transport: String,
+    /// Its device, where it has one here.
+    pub device: Option<String>,
+    /// Whether it can be used.
+    pub usable: bool,
+    /// Why not, in transport-info's words.
+    pub reason: Option<String>,
+}
+
+/// Every transport the registry knows: one line per usable device, or one
+/// with the reason it is absent.
+pub(crate) fn probe(registry: &Registry) -> Vec<Probe> {
+    let resources = registry.resources();
+    let mut out = Vec::new();
+    for name in registry.transport_names() {
+        let found: Vec<&Resource> = resources
+            .iter()
+            .filter(|r| r.tl.transport == name)
+            .collect();
+        if found.is_empty() {
+            out.push(Probe {
+                reason: Some(registry.explain_absent(&name)),
+                transport: name.clone(),
+                device: None,
+                usable: false,
+            });
+        }
+        for r in found {
+            out.push(Probe {
+                transport: name.clone(),
+                device: Some(r.tl.device.clone()),
+                usable: true,
+                reason: None,
+            });
+        }
+    }
+    out
+}
+
+/// Whether `md` may carry `mem_type` memory, as far as its attributes say
+/// (a refusal at registration still names the details).
+fn carries(md: &Arc<dyn MemoryDomain>, mem_type: MemoryType) -> bool {
+    let a = md.attrs();
+    mem_type.is_host_accessible()
+        || a.reg_mem_types.contains(&mem_type)
+        || a.alloc_mem_types.contains(&mem_type)
+        || a.flags.contains(uct_core::MdFlags::REG_DMABUF)
+}
+
+/// The transports to open, in the order connect() prefers them.
+pub(crate) fn candidates(
+    registry: &Registry,
+    transport: &str,
+    device: Option<&str>,
+    mem_types: &[MemoryType],
+) -> Result<Vec<Candidate>> {
+    if transport != "auto" {
+        // A transport named: its device, whatever memory it will be asked
+        // to register (a refusal comes at registration, with its reason).
+        let resource = registry
+            .find_resource(transport, device)
+            .map_err(|e| TransferError::NoTransport(e.to_string()))?;
+        return Ok(vec![Candidate { resource }]);
+    }
+    let resources = registry.resources();
+    let mut out = Vec::new();
+    let mut why_not = Vec::new();
+    for name in AUTO_ORDER {
+        let Some(r) = resources
+            .iter()
+            .find(|r| r.tl.transport == name && device.is_none_or(|d| d == r.tl.device))
+        else {
+            continue;
+        };
+        match mem_types.iter().find(|&&t| !carries(&r.md, t)) {
+            Some(&t) => why_not.push(format!(
+                "{name}: {}",
+                r.md.refusal(t)
+                    .unwrap_or_else(|| format!("it cannot carry {t} memory"))
+            )),
+            None => out.push(Candidate {
+                resource: r.clone(),
+            }),
+        }
+    }
+    if out.is_empty() {
+        let absent: Vec<String> = AUTO_ORDER
+            .iter()
+            .filter(|n| !resources.iter().any(|r| r.tl.transport == **n))
+            .map(|n| format!("{n}: {}", registry.explain_absent(n)))
+            .collect();
+        why_not.extend(absent);
+        return Err(TransferError::NoTransport(format!(
+            "none reaches {} memory{}: {}",
+            mem_types
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join(" and "),
+            device
+                .map(|d| format!(" on device {d}"))
+                .unwrap_or_default(),
+            why_not.join("; ")
+        )));
+    }
+    Ok(out)
+}
+
+/// The first candidate (in preference order) that can reach one of the
+/// peer's offers, and that offer.
+pub(crate) fn choose<T>(
+    cands: &[T],
+    offers: &[Offer],
+    iface: impl Fn(&T) -> &dyn Iface,
+) -> Result<(usize, Offer)> {
+    let mut unreachable = Vec::new();
+    for (i, c) in cands.iter().enumerate() {
+        let ifc = iface(c);
+        for o in offers.iter().filter(|o| o.transport == ifc.transport()) {
+            if ifc.is_reachable(&o.device_addr, &o.iface_addr) {
+                return Ok((i, o.clone()));
+            }
+            unreachable.push(format!("{} on {}", o.transport, o.device));
+        }
+    }
+    let ours: Vec<String> = cands
+        .iter()
+        .map(|c| iface(c).transport().to_string())
+        .collect();
+    if !unreachable.is_empty() {
+        return Err(TransferError::PeerUnreachable {
+            transport: unreachable.join(", "),
+            source: uct_core::UctError::Unreachable(
+                "its address cannot be reached from here (it is on another host, or it is gone)"
+                    .into(),
+            ),
+        });
+    }
+    let offered: Vec<String> = offers.iter().map(|o| o.transport.clone()).collect();
+    Err(TransferError::NoCommonTransport {
+        offered: offered.join(", "),
+        ours: ours.join(", "),
+        hint: "build both sides with the same transport (or auto), and check UCT_TLS on both"
+            .into(),
+    })
+}
+
+/// The memory domain that allocates `mem_type` memory here.
+pub(crate) fn device_md(
+    registry: &Registry,
+    mem_type: MemoryType,
+) -> Result<Arc<dyn MemoryDomain>> {
+    registry
+        .memory_domains()
+        .into_iter()
+        .map(|(_, m)| m)
+        .find(|m| m.attrs().alloc_mem_types.contains(&mem_type))
+        .ok_or_else(|| {
+            let why: Vec<String> = registry
+                .md_errors()
+                .into_iter()
+                .map(|(c, m)| format!("{c}: {m}"))
+                .collect();
+            TransferError::MemoryType(format!(
+                "no memory domain here allocates {mem_type} memory{}",
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", why.join("; "))
+                }
+            ))
+        })
+}
