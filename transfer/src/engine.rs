@@ -128,6 +128,10 @@ pub(crate) struct Engine {
     pub component: String,
     pub md: String,
     pub notify: NotifyPath,
+    /// Whether a write's completion says only that it left (tcp), so that
+    /// each write is flushed to learn it landed, and any refusal by the
+    /// peer (a forged or stale key, a read-only buffer) reaches its future.
+    pub flush_each: bool,
     max_put: usize,
     max_get: usize,
     queue: VecDeque<Op>,
@@ -137,6 +141,12 @@ pub(crate) struct Engine {
     depth: usize,
     turns: u32,
 }
+
+/// Transports whose put completes once it has landed at the peer: rc (the
+/// NIC's completion follows the peer's acknowledgement) and those that
+/// write the peer's memory in the call (self, posix, cma). Every other
+/// transport's writes are flushed, each, before their futures resolve.
+const REMOTE_COMPLETION: [&str; 4] = ["rc", "self", "posix", "cma"];
 
 /// Turns of progress between two liveness probes of the endpoint.
 const CHECK_EVERY: u32 = 64;
@@ -150,8 +160,10 @@ impl Engine {
         depth: usize,
     ) -> Engine {
         let attrs = iface.attrs().clone();
+        let transport = iface.transport().to_string();
         Engine {
-            transport: iface.transport().to_string(),
+            flush_each: !REMOTE_COMPLETION.contains(&transport.as_str()),
+            transport,
             md: iface.md().name().to_string(),
             component,
             notify: NotifyPath::of(attrs.caps),

@@ -153,6 +153,7 @@ impl Builder {
             stop: AtomicBool::new(false),
             posters: AtomicUsize::new(0),
             connected: AtomicBool::new(false),
+            url: std::sync::OnceLock::new(),
             chosen: Mutex::new(None),
             thread: std::sync::OnceLock::new(),
         });
@@ -238,6 +239,8 @@ pub(crate) struct Shared {
     /// Threads waiting for the lock to post: the progress thread yields.
     pub posters: AtomicUsize,
     connected: AtomicBool,
+    /// What bind() returned: it stays the URL after connect.
+    url: std::sync::OnceLock<String>,
     chosen: Mutex<Option<RegTarget>>,
     pub thread: std::sync::OnceLock<std::thread::Thread>,
 }
@@ -292,8 +295,9 @@ impl Shared {
             TransferError::PeerFailed { source } => source.clone(),
             other => UctError::Canceled(other.to_string()),
         };
-        eng.fail_queued(&uct);
+        // The table first, so that every future gets `err` itself.
         self.resolve_all(&err);
+        eng.fail_queued(&uct);
         *failed = Some(err);
     }
 
@@ -372,9 +376,12 @@ impl Transport {
         let mut phase = self.lock();
         let Phase::Open { cands, url } = &mut *phase else {
             return match &*phase {
-                Phase::Connected(eng, _) => Err(TransferError::AlreadyConnected {
-                    transport: eng.transport.clone(),
-                }),
+                Phase::Connected(..) => self
+                    .shared
+                    .url
+                    .get()
+                    .cloned()
+                    .ok_or(TransferError::NotBound),
                 _ => Err(TransferError::Closed),
             };
         };
@@ -406,6 +413,7 @@ impl Transport {
         }
         let u = url::format(&offers);
         *url = Some(u.clone());
+        let _ = self.shared.url.set(u.clone());
         Ok(u)
     }
 
@@ -615,6 +623,7 @@ impl Transport {
                 tag,
             });
         }
+        let flush = flush || (eng.flush_each && built.iter().any(|p| p.dir == Dir::Write));
         let slot = Slot::new();
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         self.shared.ops.insert(id, slot.clone());

@@ -59,3 +59,41 @@ pub fn within<F: Future>(what: &str, drive: &[&Transport], fut: F) -> F::Output 
         );
     }
 }
+
+/// A pair with a depth of `depth` operations in flight.
+pub fn pair_with_depth(tl: &str, depth: usize) -> (Transport, Transport) {
+    let build = || {
+        let mut b = Transport::builder().transport(tl).max_in_flight(depth);
+        if tl == "tcp" {
+            b = b.device("lo");
+        }
+        b.build().unwrap()
+    };
+    let (a, b) = (build(), build());
+    let (ua, ub) = (a.bind().unwrap(), b.bind().unwrap());
+    a.connect(&ub).unwrap();
+    b.connect(&ua).unwrap();
+    (a, b)
+}
+
+/// The byte write `i` of the ordering tests fills its slot with: never 0,
+/// so a slot not yet written reads as stale.
+pub fn fill_of(i: usize) -> u8 {
+    (i % 255) as u8 + 1
+}
+
+/// The length of write `i` of the ordering tests: 1 to `slot` bytes.
+pub fn len_of(i: usize, slot: usize) -> usize {
+    1 + (i * 37) % slot
+}
+
+/// The check strings carry (FNV-1a 64), for tests that forge a key or URL
+/// with a valid check.
+pub fn with_check(body: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in body.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{body}#{h:016x}")
+}
