@@ -17,6 +17,7 @@ use uct_core::{Caps, Completion, Endpoint, Iface, Iov, MemHandle, RemoteKey, Sta
 
 use crate::error::{Result, TransferError};
 use crate::memory::View;
+use crate::stats::Counters;
 
 /// The active-message id of notifications.
 pub(crate) const NOTIFY_AM_ID: u8 = 17;
@@ -184,7 +185,27 @@ impl Engine {
     }
 
     /// Queues an operation and posts what may be posted.
-    pub(crate) fn submit(&mut self, op: Op) {
+    pub(crate) fn submit(&mut self, op: Op, counters: &Counters) {
+        for p in &op.parts {
+            match p.dir {
+                Dir::Write => {
+                    Counters::add(&counters.writes, 1);
+                    Counters::add(&counters.bytes_written, p.len as u64);
+                    if p.tag.is_some() {
+                        let by_imm = self.notify == NotifyPath::Immediate && p.len <= self.max_put;
+                        Counters::add(
+                            if by_imm {
+                                &counters.sent_imm
+                            } else {
+                                &counters.sent_msg
+                            },
+                            1,
+                        );
+                    }
+                }
+                Dir::Read => Counters::add(&counters.reads, 1),
+            }
+        }
         self.queue.push_back(op);
         self.pump();
     }

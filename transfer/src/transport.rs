@@ -27,6 +27,7 @@ use crate::key::RemoteBuffer;
 use crate::memory::View;
 use crate::ops::{Inbox, OpFuture, Slot, WaitForWrite};
 use crate::select;
+use crate::stats::{Counters, Stats};
 use crate::url::{self, Offer};
 
 /// Who drives progress.
@@ -115,6 +116,7 @@ impl Builder {
             &self.mem_types,
         )?;
         let inbox = Inbox::new();
+        let counters = Arc::new(Counters::default());
         let mut cands = Vec::with_capacity(picked.len());
         for c in picked {
             let mut iface = match c.resource.component.open_iface(
@@ -129,7 +131,7 @@ impl Builder {
                 }
                 Err(e) => return Err(e.into()),
             };
-            install_handlers(iface.as_mut(), &inbox)?;
+            install_handlers(iface.as_mut(), &inbox, &counters)?;
             cands.push(Open {
                 mem_types: iface.attrs().mem_types.clone(),
                 component: c.resource.component.name().to_string(),
@@ -146,6 +148,7 @@ impl Builder {
         let shared = Arc::new(Shared {
             phase: Mutex::new(Phase::Open { cands, url: None }),
             inbox,
+            counters,
             ops: DashMap::new(),
             next_id: AtomicU64::new(0),
             in_flight: Arc::new(AtomicUsize::new(0)),
@@ -167,11 +170,17 @@ impl Builder {
 
 /// Sets the notification handlers of a candidate iface: immediates where it
 /// has them, the notification message where it has active messages.
-fn install_handlers(iface: &mut dyn Iface, inbox: &Arc<Inbox>) -> Result<()> {
+fn install_handlers(
+    iface: &mut dyn Iface,
+    inbox: &Arc<Inbox>,
+    counters: &Arc<Counters>,
+) -> Result<()> {
     let caps = iface.attrs().caps;
     if caps.contains(uct_core::Caps::PUT_IMM) {
         let inbox = inbox.clone();
+        let counters = counters.clone();
         iface.set_imm_handler(Box::new(move |ev| {
+            Counters::add(&counters.recv_imm, 1);
             inbox.deliver(crate::Notification {
                 len: ev.len,
                 tag: ev.imm,
@@ -180,11 +189,15 @@ fn install_handlers(iface: &mut dyn Iface, inbox: &Arc<Inbox>) -> Result<()> {
     }
     if caps.contains(uct_core::Caps::AM_SHORT) {
         let inbox = inbox.clone();
+        let counters = counters.clone();
         let transport = iface.transport().to_string();
         iface.set_am_handler(
             engine::NOTIFY_AM_ID,
             Box::new(move |msg| match engine::parse_notify(msg.data) {
-                Some(n) => inbox.deliver(n),
+                Some(n) => {
+                    Counters::add(&counters.recv_msg, 1);
+                    inbox.deliver(n)
+                }
                 None => log::warn!(
                     "transfer: {transport}: dropped a malformed notification of {} bytes",
                     msg.data.len()
@@ -229,6 +242,7 @@ pub(crate) struct RegTarget {
 pub(crate) struct Shared {
     pub phase: Mutex<Phase>,
     pub inbox: Arc<Inbox>,
+    pub counters: Arc<Counters>,
     /// Every operation not yet resolved, so that a failure or a drop
     /// resolves them all whatever the transport still holds.
     pub ops: DashMap<u64, Arc<Slot>>,
@@ -497,6 +511,11 @@ impl Transport {
         chosen.as_ref().map(|c| c.transport.clone())
     }
 
+    /// What this Transport has done so far.
+    pub fn stats(&self) -> Stats {
+        self.shared.counters.snapshot()
+    }
+
     /// The memory domains new memory is registered with: every candidate's
     /// before connect, the connection's after.
     pub(crate) fn reg_targets(&self) -> Vec<RegTarget> {
@@ -638,7 +657,7 @@ impl Transport {
             in_flight.fetch_sub(1, Ordering::AcqRel);
             done.complete(r.as_ref().map_err(engine::op_error).copied());
         });
-        eng.submit(Op::new(built, flush, comp));
+        eng.submit(Op::new(built, flush, comp), &self.shared.counters);
         let pending = eng.has_queued() || !slot.is_done();
         drop(phase);
         if pending {

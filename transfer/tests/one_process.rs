@@ -44,7 +44,14 @@ fn ping_pong_over_every_transport() {
             );
             cmem.write_bytes(0, &[0; 100]).unwrap();
             within("client's read", &drive, r).unwrap();
-            eprintln!("{tl} {progress:?}: ok");
+            // self has immediate data; posix and tcp notify by message.
+            let (imm, msg) = (
+                client.stats().notifications_received_by_immediate,
+                client.stats().notifications_received_by_message,
+            );
+            let want = if tl == "self" { (1, 0) } else { (0, 1) };
+            assert_eq!((imm, msg), want, "{tl}: how the ping's notification came");
+            assert_eq!(server.stats().writes, 1, "{tl}");
         }
     }
 }
