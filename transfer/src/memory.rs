@@ -118,7 +118,13 @@ impl Memory {
         }
         // Host memory: the first MD that allocates (posix needs its own
         // shared memory), registered by address with the others.
-        if let Some(first) = targets.iter().position(|t| allocates_host(&t.md)) {
+        // An MD that cannot register (posix: peers map only memory it
+        // allocated) must own the bytes; the others register them.
+        let owner = targets
+            .iter()
+            .position(|t| allocates_host(&t.md) && !registers(&t.md))
+            .or_else(|| targets.iter().position(|t| allocates_host(&t.md)));
+        if let Some(first) = owner {
             let owner = targets[first].md.alloc(len, MemoryType::Host, access)?;
             let base = owner.addr();
             let mut regs = vec![Registration {
@@ -394,6 +400,10 @@ impl Memory {
             })?;
         Ok((&reg.handle, (self.inner.base - reg.handle.addr()) as usize))
     }
+}
+
+fn registers(md: &Arc<dyn MemoryDomain>) -> bool {
+    md.attrs().flags.contains(MdFlags::REG)
 }
 
 fn allocates_host(md: &Arc<dyn MemoryDomain>) -> bool {

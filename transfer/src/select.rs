@@ -99,11 +99,16 @@ pub(crate) fn candidates(
             continue;
         };
         match mem_types.iter().find(|&&t| !carries(&r.md, t)) {
-            Some(&t) => why_not.push(format!(
-                "{name}: {}",
-                r.md.refusal(t)
-                    .unwrap_or_else(|| format!("it cannot carry {t} memory"))
-            )),
+            Some(&t) => why_not.push(r.md.refusal(t).unwrap_or_else(|| {
+                let a = r.md.attrs();
+                let mut moves = a.reg_mem_types.clone();
+                for m in a.alloc_mem_types {
+                    if !moves.contains(&m) {
+                        moves.push(m);
+                    }
+                }
+                uct_core::memory::cannot_move(name, &moves, t)
+            })),
             None => out.push(Candidate {
                 resource: r.clone(),
             }),
