@@ -249,7 +249,7 @@ impl Engine {
             self.pump();
         }
         self.turns = self.turns.wrapping_add(1);
-        if self.turns % CHECK_EVERY == 0 {
+        if self.turns.is_multiple_of(CHECK_EVERY) {
             self.ep.check()?;
         }
         Ok(n)

@@ -15,7 +15,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 /// Hex back to bytes; `None` for an odd length or a non-hex digit.
 pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     let digit = |c: u8| match c {

@@ -224,8 +224,9 @@ pub(crate) enum Phase {
         cands: Vec<Open>,
         url: Option<String>,
     },
-    /// Connected over one of them.
-    Connected(Engine, Option<TransferError>),
+    /// Connected over one of them (boxed: an Engine is much larger than
+    /// the other phases).
+    Connected(Box<Engine>, Option<TransferError>),
     /// Dropped.
     Closed,
 }
@@ -488,13 +489,13 @@ impl Transport {
             md: c.md.clone(),
             mem_types: c.mem_types.clone(),
         });
-        let eng = Engine::new(
+        let eng = Box::new(Engine::new(
             ep,
             c.iface,
             c.component,
             self.shared.in_flight.clone(),
             self.shared.depth,
-        );
+        ));
         *phase = Phase::Connected(eng, None);
         self.shared.connected.store(true, Ordering::Release);
         Ok(())

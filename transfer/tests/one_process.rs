@@ -127,7 +127,7 @@ fn ten_thousand_notified_writes_are_never_stale() {
         let src = Memory::alloc(&a, MemoryType::Host, N * SLOT).unwrap();
         let dst = Memory::alloc(&b, MemoryType::Host, N * SLOT).unwrap();
         for i in 0..N {
-            src.write_bytes(i * SLOT, &vec![fill_of(i); SLOT]).unwrap();
+            src.write_bytes(i * SLOT, &[fill_of(i); SLOT]).unwrap();
         }
         let remote = RemoteBuffer::parse(&dst.remote_key()).unwrap();
         let writer = std::thread::spawn(move || {
