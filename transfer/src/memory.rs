@@ -361,12 +361,14 @@ impl Memory {
 
     /// Copies `data` into host memory at `offset`.
     pub fn write_bytes(&self, offset: usize, data: &[u8]) -> Result<()> {
-        Ok(self.any_handle().write(self.region_offset(offset)?, data)?)
+        self.view(offset, data.len())?;
+        Ok(self.any_handle().write(self.region_offset(offset), data)?)
     }
 
     /// Copies host memory at `offset` into `out`.
     pub fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        Ok(self.any_handle().read(self.region_offset(offset)?, out)?)
+        self.view(offset, out.len())?;
+        Ok(self.any_handle().read(self.region_offset(offset), out)?)
     }
 
     fn any_handle(&self) -> &MemHandle {
@@ -375,9 +377,8 @@ impl Memory {
 
     /// `offset` of this memory as an offset into the registration's region
     /// (a registration may start before the memory, as with a handle).
-    fn region_offset(&self, offset: usize) -> Result<usize> {
-        let h = self.any_handle();
-        Ok((self.inner.base - h.addr()) as usize + offset)
+    fn region_offset(&self, offset: usize) -> usize {
+        (self.inner.base - self.any_handle().addr()) as usize + offset
     }
 
     /// The registration with memory domain `md`, and the offset of this

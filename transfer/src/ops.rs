@@ -213,6 +213,16 @@ impl Inbox {
         }
     }
 
+    /// Takes a wait that was dropped unresolved out of the queue, so that
+    /// it no longer counts as waiting.
+    fn forget(&self, cell: &Arc<WaitCell>) {
+        let mut s = lock(&self.state);
+        if let Some(i) = s.waiters.iter().position(|w| Arc::ptr_eq(w, cell)) {
+            s.waiters.remove(i);
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// The next notification, as a future.
     pub(crate) fn wait(self: &Arc<Self>) -> WaitForWrite {
         let cell = Arc::new(Cell::new());
@@ -225,7 +235,10 @@ impl Inbox {
             s.waiters.push_back(cell.clone());
             self.waiting.fetch_add(1, Ordering::Relaxed);
         }
-        WaitForWrite { cell }
+        WaitForWrite {
+            cell,
+            inbox: Arc::downgrade(self),
+        }
     }
 }
 
@@ -237,6 +250,7 @@ impl Inbox {
 #[must_use = "a wait does nothing unless awaited"]
 pub struct WaitForWrite {
     cell: Arc<WaitCell>,
+    inbox: std::sync::Weak<Inbox>,
 }
 
 impl WaitForWrite {
@@ -261,8 +275,20 @@ impl Future for WaitForWrite {
 
 impl Drop for WaitForWrite {
     fn drop(&mut self) {
-        // The inbox skips a closed cell and hands its notification on.
-        lock(&self.cell).closed = true;
+        // Closed: a delivery racing with this skips the cell and hands its
+        // notification on. The cell lock is released before the inbox's is
+        // taken (deliver takes them the other way round).
+        let pending = {
+            let mut c = lock(&self.cell);
+            let pending = c.result.is_none() && !c.closed;
+            c.closed = true;
+            pending
+        };
+        if pending {
+            if let Some(inbox) = self.inbox.upgrade() {
+                inbox.forget(&self.cell);
+            }
+        }
     }
 }
 
@@ -292,9 +318,17 @@ mod tests {
         let w1 = inbox.wait();
         let w2 = inbox.wait();
         drop(w1);
+        // Dropped unresolved: no longer counted as waiting.
+        assert_eq!(inbox.waiting.load(Ordering::Relaxed), 1);
         inbox.deliver(Notification { len: 7, tag: 7 });
         assert_eq!(block_on(w2).unwrap().tag, 7);
         assert!(!inbox.has_waiters());
+        let w3 = inbox.wait();
+        drop(w3);
+        assert!(
+            !inbox.has_waiters(),
+            "a timed-out wait keeps progress spinning"
+        );
     }
 
     #[test]

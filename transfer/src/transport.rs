@@ -154,6 +154,7 @@ impl Builder {
             in_flight: Arc::new(AtomicUsize::new(0)),
             depth: self.depth,
             stop: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
             posters: AtomicUsize::new(0),
             connected: AtomicBool::new(false),
             url: std::sync::OnceLock::new(),
@@ -208,6 +209,43 @@ fn install_handlers(
     Ok(())
 }
 
+/// An endpoint from `c` to the peer's `offer`: the one bind() made,
+/// connected to the peer's endpoint, or a new one to the peer's iface.
+fn connect_candidate(c: &mut Open, offer: &Offer) -> Result<Box<dyn uct_core::Endpoint>> {
+    let transport = c.iface.transport().to_string();
+    let unreachable = |source| TransferError::PeerUnreachable {
+        transport: transport.clone(),
+        source,
+    };
+    let by_ep = !c
+        .iface
+        .attrs()
+        .caps
+        .contains(uct_core::Caps::CONNECT_TO_IFACE);
+    if !by_ep {
+        return c
+            .iface
+            .create_ep(EpParams::ToIface {
+                device_addr: offer.device_addr.clone(),
+                iface_addr: offer.iface_addr.clone(),
+            })
+            .map_err(unreachable);
+    }
+    let Some(addr) = &offer.ep_addr else {
+        return Err(TransferError::BadUrl {
+            why: format!("its {transport} offer has no endpoint address"),
+        });
+    };
+    let mut ep = c.pending_ep.take().ok_or_else(|| {
+        TransferError::Config(format!(
+            "this side's {transport} endpoint went to a connect that failed; build a new Transport"
+        ))
+    })?;
+    ep.connect_to_ep(&offer.device_addr, addr)
+        .map_err(unreachable)?;
+    Ok(ep)
+}
+
 /// A candidate transport, opened.
 pub(crate) struct Open {
     // The endpoint drops before its iface.
@@ -251,6 +289,8 @@ pub(crate) struct Shared {
     pub in_flight: Arc<AtomicUsize>,
     depth: usize,
     pub stop: AtomicBool,
+    /// The connection failed (or the Transport is closing).
+    failed: AtomicBool,
     /// Threads waiting for the lock to post: the progress thread yields.
     pub posters: AtomicUsize,
     connected: AtomicBool,
@@ -272,7 +312,10 @@ impl Shared {
 
     /// Whether the progress thread should keep spinning.
     pub(crate) fn busy(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) > 0 || self.inbox.has_waiters()
+        // A failed connection has nothing more to progress: what the
+        // transport still holds is released when the Transport drops.
+        !self.failed.load(Ordering::Acquire)
+            && (self.in_flight.load(Ordering::Acquire) > 0 || self.inbox.has_waiters())
     }
 
     pub(crate) fn wake_progress(&self) {
@@ -314,6 +357,7 @@ impl Shared {
         self.resolve_all(&err);
         eng.fail_queued(&uct);
         *failed = Some(err);
+        self.failed.store(true, Ordering::Release);
     }
 
     fn resolve_all(&self, err: &TransferError) {
@@ -368,6 +412,7 @@ impl Transport {
     /// Whether this machine can connect two processes at all (some
     /// transport other than `self` is usable here).
     pub fn supported() -> bool {
+        uct_builtins::link();
         select::probe(Registry::global())
             .iter()
             .any(|p| p.usable && p.transport != "self")
@@ -458,32 +503,18 @@ impl Transport {
             }
         };
         let mut cands = cands;
-        let mut c = cands.swap_remove(index);
+        let ep = match connect_candidate(&mut cands[index], &offer) {
+            Ok(ep) => ep,
+            Err(e) => {
+                if let Phase::Open { cands: back, .. } = &mut *phase {
+                    *back = cands;
+                }
+                return Err(e);
+            }
+        };
+        let c = cands.swap_remove(index);
         drop(cands);
         let transport = c.iface.transport().to_string();
-        let unreachable = |source| TransferError::PeerUnreachable {
-            transport: transport.clone(),
-            source,
-        };
-        let ep = match (c.pending_ep.take(), &offer.ep_addr) {
-            (Some(mut ep), Some(addr)) => {
-                ep.connect_to_ep(&offer.device_addr, addr)
-                    .map_err(unreachable)?;
-                ep
-            }
-            (Some(_), None) => {
-                return Err(TransferError::BadUrl {
-                    why: format!("its {transport} offer has no endpoint address"),
-                })
-            }
-            (None, _) => c
-                .iface
-                .create_ep(EpParams::ToIface {
-                    device_addr: offer.device_addr.clone(),
-                    iface_addr: offer.iface_addr.clone(),
-                })
-                .map_err(unreachable)?,
-        };
         *self.shared.chosen.lock().unwrap_or_else(|p| p.into_inner()) = Some(RegTarget {
             transport: transport.clone(),
             md: c.md.clone(),
