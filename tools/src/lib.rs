@@ -4,3 +4,4 @@
 pub mod info;
 pub mod perf;
 pub mod text;
+pub mod transfer_bench;
