@@ -1,7 +1,17 @@
-//! The transfer API between two processes, over posix and tcp (self
+//! The transfer API between two processes, over posix, tcp and rc (self
 //! reaches its own process only: reported skipped, by name). This binary
 //! is both sides: run with UCT_TRANSFER_CHILD set, it is the peer, driven
 //! over its stdin and stdout.
+//!
+//! rc runs where an RDMA device is (inside scripts/rxe-vm, Soft-RoCE on
+//! rxe0). There (`RXE_VM_DEVICE` set), or where `UCT_TEST_EXPECT` names rc,
+//! rc is expected: if it is absent, its tests fail with the reason.
+//! Elsewhere they are reported as skipped, by name, with the reason.
+//!
+//! Every receiving side checks how its notifications travelled
+//! ([`Transport::stats`]): on rc each one is the immediate of one RDMA
+//! WRITE WITH IMMEDIATE (the receiver saw IBV_WC_RECV_RDMA_WITH_IMM) and
+//! none is a message; on posix and tcp each one is a message.
 
 mod common;
 
@@ -11,17 +21,36 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{fill_of, len_of, within};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use uct_transfer::{Memory, MemoryType, Progress, RemoteBuffer, Transport};
 
 /// The transports of the two-process tests; `self` is listed to be
 /// reported as skipped.
-const TRANSPORTS: [&str; 3] = ["self", "posix", "tcp"];
+const TRANSPORTS: [&str; 4] = ["self", "posix", "tcp", "rc"];
 
 /// The peer timeout both sides run with: a dead peer must be found within
 /// it (and [`GRACE`]).
 const PEER_TIMEOUT: Duration = Duration::from_secs(2);
 const GRACE: Duration = Duration::from_secs(3);
+
+/// Writes in flight when the peer is killed, and the length of each.
+const KILL_WRITES: usize = 32;
+const KILL_LEN: usize = 1 << 20;
+
+/// How much longer than the peer timeout `tl` may take to find the peer
+/// dead with the kill scenario's writes in flight. rc finds a dead peer by
+/// the clock only (rxe never times out a QP whose peer is gone): a
+/// completion due, or a keepalive sent after half the timeout, is waited
+/// for up to the peer timeout plus the time the bytes posted ahead of it
+/// take at 64 MiB/s (UCT_RC_PEER_TIMEOUT's documentation), so that a slow
+/// but live peer is not given up. 32 MiB ahead: half a second more.
+fn slack(tl: &str) -> Duration {
+    if tl == "rc" {
+        Duration::from_secs_f64((KILL_WRITES * KILL_LEN) as f64 / (64u64 << 20) as f64)
+    } else {
+        Duration::ZERO
+    }
+}
 
 const CONCURRENT_THREADS: usize = 4;
 const CONCURRENT_EACH: usize = 16;
@@ -34,13 +63,60 @@ fn size_of(scenario: &str) -> usize {
     match scenario {
         "concurrent" => CONCURRENT_THREADS * CONCURRENT_EACH * CONCURRENT_LEN,
         "ordering" => ORDERED * SLOT,
-        "kill" => 1 << 20,
+        "kill" => KILL_LEN,
         _ => PING_LEN,
     }
 }
 
 fn build(tl: &str) -> Transport {
     common::transport(tl, Progress::Thread)
+}
+
+/// How `tl` notifies: by immediate on rc, by message on posix and tcp.
+fn by_immediate(tl: &str) -> bool {
+    tl == "rc"
+}
+
+/// Checks that `count` notifications reached `t`, each the way `tl` sends
+/// them (and none the other way).
+fn received_as_expected(tl: &str, t: &Transport, count: u64) -> Result<(), String> {
+    let s = t.stats();
+    let got = (
+        s.notifications_received_by_immediate,
+        s.notifications_received_by_message,
+    );
+    let want = if by_immediate(tl) {
+        (count, 0)
+    } else {
+        (0, count)
+    };
+    if got != want {
+        return Err(format!(
+            "{tl}: notifications received (by immediate, by message): {got:?}, expected {want:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `t` sent `count` notifications, each the way `tl` sends
+/// them.
+fn sent_as_expected(tl: &str, t: &Transport, count: u64) -> Result<(), String> {
+    let s = t.stats();
+    let got = (
+        s.notifications_sent_by_immediate,
+        s.notifications_sent_by_message,
+    );
+    let want = if by_immediate(tl) {
+        (count, 0)
+    } else {
+        (0, count)
+    };
+    if got != want {
+        return Err(format!(
+            "{tl}: notifications sent (by immediate, by message): {got:?}, expected {want:?}"
+        ));
+    }
+    Ok(())
 }
 
 /// The peer process: connects, swaps keys, runs its side of `scenario`,
@@ -71,6 +147,7 @@ fn child(tl: &str, scenario: &str) -> Result<(), String> {
             if n.len != PING_LEN || got.iter().any(|&b| b != 0xab) {
                 return Err(format!("ping of {} bytes, data wrong", n.len));
             }
+            received_as_expected(tl, &t, 1)?;
             mem.write_bytes(0, &vec![0xcd; PING_LEN])
                 .map_err(|e| e.to_string())?;
             within(
@@ -93,6 +170,7 @@ fn child(tl: &str, scenario: &str) -> Result<(), String> {
             if tags != (0..total as u32).collect::<Vec<_>>() {
                 return Err(format!("tags {tags:?}"));
             }
+            received_as_expected(tl, &t, total as u64)?;
             let mut got = vec![0u8; CONCURRENT_LEN];
             for i in 0..total {
                 mem.read_bytes(i * CONCURRENT_LEN, &mut got)
@@ -117,6 +195,7 @@ fn child(tl: &str, scenario: &str) -> Result<(), String> {
                     return Err(format!("write {i} was stale when its notification came"));
                 }
             }
+            received_as_expected(tl, &t, ORDERED as u64)?;
             Ok(())
         }
         "kill" => {
@@ -219,6 +298,8 @@ fn pingpong(tl: &str) -> Result<(), Failed> {
     mem.read_bytes(0, &mut got)?;
     assert!(got.iter().all(|&b| b == 0xcd), "{tl}: pong data");
     peer.expect("ok")?;
+    sent_as_expected(tl, &t, 1)?;
+    received_as_expected(tl, &t, 1)?;
     peer.say("quit")?;
     Ok(())
 }
@@ -255,6 +336,7 @@ fn concurrent(tl: &str) -> Result<(), Failed> {
         w.join().map_err(|_| "a writer panicked")??;
     }
     peer.expect("ok")?;
+    sent_as_expected(tl, &t, (CONCURRENT_THREADS * CONCURRENT_EACH) as u64)?;
     peer.say("quit")?;
     Ok(())
 }
@@ -262,7 +344,7 @@ fn concurrent(tl: &str) -> Result<(), Failed> {
 fn ordering(tl: &str) -> Result<(), Failed> {
     let (t, src, remote, mut peer) = connect(tl, "ordering")?;
     for i in 0..ORDERED {
-        src.write_bytes(i * SLOT, &vec![fill_of(i); SLOT])?;
+        src.write_bytes(i * SLOT, &[fill_of(i); SLOT])?;
     }
     let mut futs = Vec::with_capacity(ORDERED);
     for i in 0..ORDERED {
@@ -277,17 +359,19 @@ fn ordering(tl: &str) -> Result<(), Failed> {
         within("a write", &[], f)?;
     }
     peer.expect("ok")?;
+    sent_as_expected(tl, &t, ORDERED as u64)?;
     peer.say("quit")?;
     Ok(())
 }
 
 /// SIGKILL the peer with a wait and writes pending: they all end with an
-/// error within the peer timeout (and a grace for the machine's load).
+/// error within the peer timeout (and a grace for the machine's load, and
+/// on rc the [`slack`] its peer timeout gives the bytes in flight).
 fn kill(tl: &str) -> Result<(), Failed> {
     let (t, src, remote, mut peer) = connect(tl, "kill")?;
     let wait = t.wait_for_write();
     // Writes in flight when the peer dies.
-    let pending: Vec<_> = (0..32)
+    let pending: Vec<_> = (0..KILL_WRITES)
         .map(|_| t.write(&src.whole(), &remote, true))
         .collect();
     peer.child.kill()?;
@@ -295,10 +379,8 @@ fn kill(tl: &str) -> Result<(), Failed> {
     let _ = peer.child.wait();
     let err = within("the wait", &[], wait).expect_err("a wait on a dead peer resolved Ok");
     let took = killed.elapsed();
-    assert!(
-        took < PEER_TIMEOUT + GRACE,
-        "{tl}: the wait ended after {took:?}: {err}"
-    );
+    let limit = PEER_TIMEOUT + slack(tl) + GRACE;
+    assert!(took < limit, "{tl}: the wait ended after {took:?}: {err}");
     for w in pending {
         let _ = within("a pending write", &[], w);
     }
@@ -306,7 +388,7 @@ fn kill(tl: &str) -> Result<(), Failed> {
     let e = within("a later write", &[], t.write(&src.whole(), &remote, true));
     assert!(e.is_err(), "{tl}: a write to a dead peer succeeded");
     assert!(
-        killed.elapsed() < PEER_TIMEOUT + GRACE,
+        killed.elapsed() < limit,
         "{tl}: took {:?}",
         killed.elapsed()
     );
@@ -314,8 +396,36 @@ fn kill(tl: &str) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Why rc cannot run here, if it cannot: no usable rc device (as
+/// transport-info says), or no component provides rc at all.
+fn rc_absent() -> Option<String> {
+    let probes = Transport::probe();
+    if probes.iter().any(|p| p.transport == "rc" && p.usable) {
+        return None;
+    }
+    Some(
+        probes
+            .into_iter()
+            .find(|p| p.transport == "rc")
+            .and_then(|p| p.reason)
+            .unwrap_or_else(|| uct_core::Registry::global().explain_absent("rc")),
+    )
+}
+
+/// Whether this run expects rc: inside scripts/rxe-vm (which sets
+/// `RXE_VM_DEVICE`), or where `UCT_TEST_EXPECT` names rc.
+fn rc_expected() -> bool {
+    match std::env::var("UCT_TEST_EXPECT") {
+        Ok(names) => names.split(',').any(|n| n.trim() == "rc"),
+        Err(_) => std::env::var_os("RXE_VM_DEVICE").is_some(),
+    }
+}
+
+/// A scenario, run over the transport it is given.
+type Scenario = fn(&str) -> Result<(), Failed>;
+
 fn main() {
-    for tl in ["POSIX", "TCP"] {
+    for tl in ["POSIX", "TCP", "RC"] {
         // Before the registry reads the environment, in both processes.
         std::env::set_var(
             format!("UCT_{tl}_PEER_TIMEOUT"),
@@ -330,8 +440,15 @@ fn main() {
         }
         return;
     }
-    let args = Arguments::from_args();
-    let scenarios: [(&str, fn(&str) -> Result<(), Failed>); 4] = [
+    let mut args = Arguments::from_args();
+    let rc_absent = rc_absent();
+    if rc_absent.is_none() && args.test_threads.is_none() {
+        // One at a time where rc runs (the VM's two CPUs): the kill
+        // scenario measures a deadline that contention would blur.
+        args.test_threads = Some(1);
+    }
+    let rc_expected = rc_expected();
+    let scenarios: [(&str, Scenario); 4] = [
         ("ping_pong", pingpong),
         ("concurrent_writes_from_four_threads", concurrent),
         ("ten_thousand_notified_writes_never_stale", ordering),
@@ -346,7 +463,27 @@ fn main() {
                 trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
                 continue;
             }
-            trials.push(Trial::test(name, move || f(tl)));
+            match (tl, &rc_absent) {
+                ("rc", Some(why)) if rc_expected => {
+                    println!(
+                        "two_process: FAILED {name}: this run expects rc, and it is absent ({why})"
+                    );
+                    let why = why.clone();
+                    trials.push(Trial::test(name, move || {
+                        Err(format!("this run expects rc, and it is absent: {why}").into())
+                    }));
+                }
+                ("rc", Some(why)) => {
+                    println!("two_process: SKIPPED {name}: rc is not available here ({why})");
+                    let why = why.clone();
+                    trials.push(Trial::ignorable_test(name, move || {
+                        Ok(Completion::ignored_with(format!(
+                            "rc is not available here: {why}"
+                        )))
+                    }));
+                }
+                _ => trials.push(Trial::test(name, move || f(tl))),
+            }
         }
     }
     libtest_mimic::run(&args, trials).exit();
