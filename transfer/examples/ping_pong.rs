@@ -110,18 +110,18 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     for round in 0..args.rounds {
         let fill = (round % 251) as u8 + 1;
         if args.listen {
-            let n = futures_block_on(transport.wait_for_write())?;
+            let n = transport.wait(transport.wait_for_write())?;
             check(&memory, host, n.len, fill)?;
             if host {
                 memory.write_bytes(0, &vec![fill ^ 0xff; args.size])?;
             }
-            futures_block_on(transport.write_tagged(&view, &remote, round))?;
+            transport.wait(transport.write_tagged(&view, &remote, round))?;
         } else {
             if host {
                 memory.write_bytes(0, &vec![fill; args.size])?;
             }
-            futures_block_on(transport.write_tagged(&view, &remote, round))?;
-            let n = futures_block_on(transport.wait_for_write())?;
+            transport.wait(transport.write_tagged(&view, &remote, round))?;
+            let n = transport.wait(transport.wait_for_write())?;
             check(&memory, host, n.len, fill ^ 0xff)?;
         }
     }
@@ -157,26 +157,6 @@ fn check(memory: &Memory, host: bool, len: usize, fill: u8) -> Result<(), String
     match got.iter().position(|&b| b != fill) {
         Some(at) => Err(format!("byte {at} is {:#x}, not {fill:#x}", got[at])),
         None => Ok(()),
-    }
-}
-
-/// The futures need no runtime: a tiny block_on parks until the progress
-/// thread wakes it.
-fn futures_block_on<F: std::future::Future>(fut: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: std::sync::Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut fut = std::pin::pin!(fut);
-    loop {
-        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park_timeout(Duration::from_millis(10));
     }
 }
 

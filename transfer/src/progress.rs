@@ -35,6 +35,11 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> Result<JoinHandle<()>> {
 fn run(shared: &Shared) {
     let mut idle = 0u32;
     while !shared.stop.load(Ordering::Acquire) {
+        if shared.drivers.load(Ordering::Acquire) > 0 {
+            // A thread in Transport::wait drives progress.
+            std::thread::park_timeout(IDLE_POLL);
+            continue;
+        }
         let events = {
             let mut phase = shared.phase.lock().unwrap_or_else(|p| p.into_inner());
             shared.progress_in(&mut phase)
@@ -72,7 +77,21 @@ impl Wake for ThreadWaker {
 }
 
 /// Polls `fut` to completion, calling `transport.progress()` between polls.
-pub(crate) fn block_on_progress<F: Future>(transport: &Transport, fut: F) -> F::Output {
+pub(crate) fn block_on_progress<F: Future>(
+    transport: &Transport,
+    shared: &Shared,
+    fut: F,
+) -> F::Output {
+    /// Counts this thread as driving progress while it is in here.
+    struct Driving<'a>(&'a Shared);
+    impl Drop for Driving<'_> {
+        fn drop(&mut self) {
+            self.0.drivers.fetch_sub(1, Ordering::AcqRel);
+            self.0.wake_progress();
+        }
+    }
+    shared.drivers.fetch_add(1, Ordering::AcqRel);
+    let _driving = Driving(shared);
     let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
     let mut fut = pin!(fut);

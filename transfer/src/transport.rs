@@ -156,6 +156,7 @@ impl Builder {
             stop: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             posters: AtomicUsize::new(0),
+            drivers: AtomicUsize::new(0),
             connected: AtomicBool::new(false),
             url: std::sync::OnceLock::new(),
             chosen: Mutex::new(None),
@@ -293,6 +294,10 @@ pub(crate) struct Shared {
     failed: AtomicBool,
     /// Threads waiting for the lock to post: the progress thread yields.
     pub posters: AtomicUsize,
+    /// Threads in [`Transport::wait`], which drive progress themselves:
+    /// the progress thread sleeps meanwhile instead of fighting them for
+    /// the lock and the cores.
+    pub drivers: AtomicUsize,
     connected: AtomicBool,
     /// What bind() returned: it stays the URL after connect.
     url: std::sync::OnceLock<String>,
@@ -631,7 +636,7 @@ impl Transport {
     /// polls: a small `block_on` for manual progress (it works with the
     /// progress thread too).
     pub fn wait<F: std::future::Future>(&self, fut: F) -> F::Output {
-        crate::progress::block_on_progress(self, fut)
+        crate::progress::block_on_progress(self, &self.shared, fut)
     }
 
     fn post(&self, parts: Vec<(Dir, &View, &RemoteBuffer, Option<u32>)>, flush: bool) -> OpFuture {
