@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 
 use crate::error::{Result, TransferError};
@@ -70,6 +70,38 @@ fn poll_cell<T>(cell: &Mutex<Cell<T>>, cx: &mut Context<'_>, gone: impl FnOnce()
     Poll::Pending
 }
 
+/// What a future tells when it starts waiting: the progress thread then
+/// spins, unless a caller drives progress itself. Told on the first
+/// pending poll, not when the operation is made, so that a caller in
+/// `Transport::wait` never wakes a thread that would only fight it.
+pub(crate) trait Nudge: Send + Sync {
+    fn nudge(&self);
+}
+
+/// Nudges once, on the first pending poll.
+#[derive(Default)]
+struct Nudger {
+    to: Option<Weak<dyn Nudge>>,
+    done: bool,
+}
+
+impl Nudger {
+    fn pending(&mut self) {
+        if !self.done {
+            self.done = true;
+            if let Some(n) = self.to.as_ref().and_then(Weak::upgrade) {
+                n.nudge();
+            }
+        }
+    }
+}
+
+fn polled_again<T>() -> Result<T> {
+    Err(TransferError::Config(
+        "this future was polled after it resolved".into(),
+    ))
+}
+
 /// Where an operation's result lands.
 pub(crate) struct Slot(Mutex<Cell<Result<()>>>);
 
@@ -97,18 +129,28 @@ impl Slot {
 #[must_use = "the operation runs anyway; await the future to learn whether it succeeded"]
 pub struct OpFuture {
     slot: Arc<Slot>,
+    nudger: Nudger,
 }
 
 impl OpFuture {
-    pub(crate) fn new(slot: Arc<Slot>) -> OpFuture {
-        OpFuture { slot }
+    pub(crate) fn new(slot: Arc<Slot>, nudge: Weak<dyn Nudge>) -> OpFuture {
+        OpFuture {
+            slot,
+            nudger: Nudger {
+                to: Some(nudge),
+                done: false,
+            },
+        }
     }
 
     /// A future that is resolved already.
     pub(crate) fn ready(result: Result<()>) -> OpFuture {
         let slot = Slot::new();
         slot.complete(result);
-        OpFuture { slot }
+        OpFuture {
+            slot,
+            nudger: Nudger::default(),
+        }
     }
 
     /// Whether the operation has completed (the future will be ready).
@@ -121,11 +163,12 @@ impl Future for OpFuture {
     type Output = Result<()>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        poll_cell(&self.slot.0, cx, || {
-            Err(TransferError::Config(
-                "this future was polled after it resolved".into(),
-            ))
-        })
+        let this = self.get_mut();
+        let r = poll_cell(&this.slot.0, cx, polled_again);
+        if r.is_pending() {
+            this.nudger.pending();
+        }
+        r
     }
 }
 
@@ -238,7 +281,15 @@ impl Inbox {
         WaitForWrite {
             cell,
             inbox: Arc::downgrade(self),
+            nudger: Nudger::default(),
         }
+    }
+
+    /// [`wait`](Self::wait), nudging `nudge` when it starts waiting.
+    pub(crate) fn wait_nudging(self: &Arc<Self>, nudge: Weak<dyn Nudge>) -> WaitForWrite {
+        let mut w = self.wait();
+        w.nudger.to = Some(nudge);
+        w
     }
 }
 
@@ -250,7 +301,8 @@ impl Inbox {
 #[must_use = "a wait does nothing unless awaited"]
 pub struct WaitForWrite {
     cell: Arc<WaitCell>,
-    inbox: std::sync::Weak<Inbox>,
+    inbox: Weak<Inbox>,
+    nudger: Nudger,
 }
 
 impl WaitForWrite {
@@ -265,11 +317,12 @@ impl Future for WaitForWrite {
     type Output = Result<Notification>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Notification>> {
-        poll_cell(&self.cell, cx, || {
-            Err(TransferError::Config(
-                "this future was polled after it resolved".into(),
-            ))
-        })
+        let this = self.get_mut();
+        let r = poll_cell(&this.cell, cx, polled_again);
+        if r.is_pending() {
+            this.nudger.pending();
+        }
+        r
     }
 }
 
@@ -296,6 +349,11 @@ impl Drop for WaitForWrite {
 mod tests {
     use super::*;
     use futures::executor::block_on;
+
+    struct NoNudge;
+    impl Nudge for NoNudge {
+        fn nudge(&self) {}
+    }
 
     #[test]
     fn notifications_go_to_waits_in_order() {
@@ -350,7 +408,7 @@ mod tests {
     #[test]
     fn an_op_resolves_once_with_its_first_result() {
         let slot = Slot::new();
-        let fut = OpFuture::new(slot.clone());
+        let fut = OpFuture::new(slot.clone(), Weak::<NoNudge>::new());
         assert!(!fut.is_done());
         slot.complete(Err(TransferError::Closed));
         slot.complete(Ok(()));

@@ -87,7 +87,10 @@ pub(crate) fn block_on_progress<F: Future>(
     impl Drop for Driving<'_> {
         fn drop(&mut self) {
             self.0.drivers.fetch_sub(1, Ordering::AcqRel);
-            self.0.wake_progress();
+            // Whatever is still in flight or awaited goes on without us.
+            if self.0.busy() {
+                self.0.nudge_progress();
+            }
         }
     }
     shared.drivers.fetch_add(1, Ordering::AcqRel);

@@ -323,6 +323,13 @@ impl Shared {
             && (self.in_flight.load(Ordering::Acquire) > 0 || self.inbox.has_waiters())
     }
 
+    /// Wakes the progress thread unless a caller drives progress.
+    pub(crate) fn nudge_progress(&self) {
+        if self.drivers.load(Ordering::Acquire) == 0 {
+            self.wake_progress();
+        }
+    }
+
     pub(crate) fn wake_progress(&self) {
         if let Some(t) = self.thread.get() {
             t.unpark();
@@ -372,6 +379,12 @@ impl Shared {
             s.complete(Err(err.clone()));
         }
         self.inbox.fail(err);
+    }
+}
+
+impl crate::ops::Nudge for Shared {
+    fn nudge(&self) {
+        self.nudge_progress();
     }
 }
 
@@ -618,11 +631,12 @@ impl Transport {
 
     /// The next notification of a notified write from the peer.
     pub fn wait_for_write(&self) -> WaitForWrite {
-        let w = self.shared.inbox.wait();
-        if !w.is_done() {
-            self.shared.wake_progress();
-        }
-        w
+        self.shared.inbox.wait_nudging(self.nudge())
+    }
+
+    fn nudge(&self) -> std::sync::Weak<dyn crate::ops::Nudge> {
+        let weak: std::sync::Weak<Shared> = Arc::downgrade(&self.shared);
+        weak
     }
 
     /// Drives progress once (what the progress thread does in a loop);
@@ -695,12 +709,14 @@ impl Transport {
             done.complete(r.as_ref().map_err(engine::op_error).copied());
         });
         eng.submit(Op::new(built, flush, comp), &self.shared.counters);
-        let pending = eng.has_queued() || !slot.is_done();
+        // Operations left queued need progress to be posted, even if
+        // nobody awaits them; the others nudge it when awaited.
+        let queued = eng.has_queued();
         drop(phase);
-        if pending {
-            self.shared.wake_progress();
+        if queued {
+            self.shared.nudge_progress();
         }
-        Ok(OpFuture::new(slot))
+        Ok(OpFuture::new(slot, self.nudge()))
     }
 }
 
