@@ -173,7 +173,7 @@ impl Plan {
 
     /// Measured iterations: as given, or enough to last `min_time` at the
     /// time per iteration the warm-up took (as Google Benchmark's
-    /// min_time), between [`MIN_ITERS`] and [`MAX_ITERS`].
+    /// min_time), between 10 and [`MAX_ITERS`].
     pub fn iters_for(&self, warmup_per_iter: Duration) -> u64 {
         if let Some(n) = self.iters {
             return n.clamp(1, MAX_ITERS);

@@ -206,6 +206,18 @@ pub struct Client {
     pub remote: RemoteBuffer,
 }
 
+/// Zero-length round trips kept per phase for their median.
+const MAX_RTT_SAMPLES: usize = 1 << 20;
+
+/// The median of `samples` (zero when there are none).
+fn median(samples: &mut [Duration]) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    let mid = samples.len() / 2;
+    *samples.select_nth_unstable(mid).1
+}
+
 /// One notified write and the receiver's zero-length answer to it.
 fn round_trip(
     t: &Transport,
@@ -224,9 +236,9 @@ fn round_trip(
 /// with a zero-length notified write, and each followed by a zero-length
 /// write answered the same way. The measurement is the time from a write's
 /// post to its notification: its round trip, less the receiver's checks,
-/// less the answer's one-way time, which is half the zero-length round
-/// trip (the same operation both ways), measured interleaved with the
-/// writes so that both see the same conditions.
+/// less the answer's one-way time, which is half the median zero-length
+/// round trip (the same operation both ways), measured interleaved with
+/// the writes so that both see the same conditions.
 pub fn client_phase(
     t: &Transport,
     c: &mut Client,
@@ -246,7 +258,10 @@ pub fn client_phase(
     })?;
     let mut buf = Vec::new();
     let mut timer = Timer::new(true);
-    let mut zero_rtt = Duration::ZERO;
+    // The zero-length round trips, up to a bound: their median is the
+    // return trip, so that a hiccup while measuring the way back (a
+    // preemption) cannot eat the writes' own time.
+    let mut zero_rtts = Vec::with_capacity(iters.min(MAX_RTT_SAMPLES as u64) as usize);
     for it in first..first + iters {
         if checks.validate {
             fill(&c.src, size, it, checks, &mut buf)?;
@@ -257,7 +272,9 @@ pub fn client_phase(
         timer.stop();
         let z = Instant::now();
         round_trip(t, driver, &zero, &zero_remote, !tag)?;
-        zero_rtt += z.elapsed();
+        if zero_rtts.len() < MAX_RTT_SAMPLES {
+            zero_rtts.push(z.elapsed());
+        }
     }
     let mut m = timer.finish(size, iters);
     match recv_ctl(&mut c.ch, driver, "the receiver's summary")? {
@@ -277,7 +294,9 @@ pub fn client_phase(
             if !rtt.is_zero() {
                 m.cpu = m.cpu.mul_f64(unchecked.as_secs_f64() / rtt.as_secs_f64());
             }
-            m.real = unchecked.saturating_sub(zero_rtt / 2);
+            let back = median(&mut zero_rtts) / 2;
+            m.real =
+                unchecked.saturating_sub(back.saturating_mul(iters.min(u32::MAX as u64) as u32));
             Ok(m)
         }
         other => Err(BenchError::Protocol(format!(
@@ -416,4 +435,17 @@ pub fn measure_size(
     let m = phase(size, iters, *next).map_err(|e| e.during(size, "measurement"))?;
     *next += iters;
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_return_trip_is_the_median_and_a_hiccup_does_not_move_it() {
+        let us = Duration::from_micros;
+        let mut rtts = vec![us(2), us(3), us(10_000), us(2), us(3)];
+        assert_eq!(median(&mut rtts), us(3));
+        assert_eq!(median(&mut []), Duration::ZERO);
+    }
 }
