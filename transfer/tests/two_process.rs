@@ -36,6 +36,8 @@ const GRACE: Duration = Duration::from_secs(3);
 /// Writes in flight when the peer is killed, and the length of each.
 const KILL_WRITES: usize = 32;
 const KILL_LEN: usize = 1 << 20;
+/// Writes posted on rc once the killed peer is reaped.
+const AFTER_KILL: usize = 4;
 
 /// How much longer than the peer timeout `tl` may take to find the peer
 /// dead with the kill scenario's writes in flight. rc finds a dead peer by
@@ -43,10 +45,11 @@ const KILL_LEN: usize = 1 << 20;
 /// completion due, or a keepalive sent after half the timeout, is waited
 /// for up to the peer timeout plus the time the bytes posted ahead of it
 /// take at 64 MiB/s (UCT_RC_PEER_TIMEOUT's documentation), so that a slow
-/// but live peer is not given up. 32 MiB ahead: half a second more.
+/// but live peer is not given up. 36 MiB ahead at most: 0.56 s more.
 fn slack(tl: &str) -> Duration {
     if tl == "rc" {
-        Duration::from_secs_f64((KILL_WRITES * KILL_LEN) as f64 / (64u64 << 20) as f64)
+        let ahead = (KILL_WRITES + AFTER_KILL) * KILL_LEN;
+        Duration::from_secs_f64(ahead as f64 / (64u64 << 20) as f64)
     } else {
         Duration::ZERO
     }
@@ -377,12 +380,30 @@ fn kill(tl: &str) -> Result<(), Failed> {
     peer.child.kill()?;
     let killed = Instant::now();
     let _ = peer.child.wait();
+    // On rc the writes above may all land while the killed process is torn
+    // down; writes posted now, to a peer that is gone, are pending when it
+    // is found dead: nothing will acknowledge them. (posix writes land in
+    // the call, into memory we still map; tcp may buffer: not asserted.)
+    let after: Vec<_> = if tl == "rc" {
+        (0..AFTER_KILL)
+            .map(|_| t.write(&src.whole(), &remote, true))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let err = within("the wait", &[], wait).expect_err("a wait on a dead peer resolved Ok");
     let took = killed.elapsed();
     let limit = PEER_TIMEOUT + slack(tl) + GRACE;
     assert!(took < limit, "{tl}: the wait ended after {took:?}: {err}");
-    for w in pending {
-        let _ = within("a pending write", &[], w);
+    // Each pending write ends, landed before the kill or failed.
+    let failed = pending
+        .into_iter()
+        .map(|w| within("a pending write", &[], w))
+        .filter(Result::is_err)
+        .count();
+    for (i, w) in after.into_iter().enumerate() {
+        let r = within("a write posted after the kill", &[], w);
+        assert!(r.is_err(), "{tl}: write {i} to the dead peer succeeded");
     }
     // Every later write fails too, at once.
     let e = within("a later write", &[], t.write(&src.whole(), &remote, true));
@@ -392,7 +413,9 @@ fn kill(tl: &str) -> Result<(), Failed> {
         "{tl}: took {:?}",
         killed.elapsed()
     );
-    eprintln!("{tl}: the wait ended {took:?} after SIGKILL: {err}");
+    eprintln!(
+        "{tl}: the wait ended {took:?} after SIGKILL ({failed} of {KILL_WRITES} writes pending at the kill failed): {err}"
+    );
     Ok(())
 }
 
