@@ -5,7 +5,8 @@
 use std::sync::{Arc, Weak};
 
 use super::iface::{
-    SelfShared, MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT, SELF_AM_QUEUE_LEN, SELF_IMM_QUEUE_LEN,
+    Event, SelfShared, MAX_AM_HEADER, MAX_BCOPY, MAX_IOV, MAX_SHORT, SELF_AM_QUEUE_LEN,
+    SELF_IMM_QUEUE_LEN,
 };
 use crate::atomic_ops::{check_aligned, fetch_at};
 use crate::completion::{Completion, CompletionData, Status};
@@ -139,11 +140,12 @@ impl SelfEp {
             )));
         }
         let target = self.target()?;
-        let mut queue = target.am_queue.lock().unwrap_or_else(|p| p.into_inner());
-        if queue.len() >= SELF_AM_QUEUE_LEN {
+        let mut queue = target.incoming.lock().unwrap_or_else(|p| p.into_inner());
+        if queue.ams >= SELF_AM_QUEUE_LEN {
             return Ok(Status::NoResource);
         }
-        queue.push_back((id, data));
+        queue.ams += 1;
+        queue.events.push_back(Event::Am(id, data));
         Ok(Status::Done)
     }
 
@@ -207,12 +209,13 @@ impl Endpoint for SelfEp {
         // The queue stays locked across the write, so a full queue posts
         // nothing and the event goes in right after its data: the target's
         // progress never sees an event whose bytes are not there.
-        let mut queue = target.imm_queue.lock().unwrap_or_else(|p| p.into_inner());
-        if queue.len() >= SELF_IMM_QUEUE_LEN {
+        let mut queue = target.incoming.lock().unwrap_or_else(|p| p.into_inner());
+        if queue.imms >= SELF_IMM_QUEUE_LEN {
             return Ok(Status::NoResource);
         }
         let len = self.write_iov(&target, iov, remote_addr, rkey)?;
-        queue.push_back(ImmEvent { imm, len });
+        queue.imms += 1;
+        queue.events.push_back(Event::Imm(ImmEvent { imm, len }));
         Ok(Status::Done)
     }
 

@@ -30,12 +30,27 @@ pub(super) struct SelfShared {
     /// The region table of the iface's MD: remote accesses are checked and
     /// executed against it.
     pub(super) table: Arc<RegionTable>,
-    /// Active messages (id, bytes) waiting for the iface's `progress`; at
-    /// most [`SELF_AM_QUEUE_LEN`].
-    pub(super) am_queue: Mutex<VecDeque<(u8, Vec<u8>)>>,
-    /// Immediates of puts whose data is already written, waiting for the
-    /// iface's `progress`; at most [`SELF_IMM_QUEUE_LEN`].
-    pub(super) imm_queue: Mutex<VecDeque<ImmEvent>>,
+    /// Active messages and immediates waiting for the iface's `progress`,
+    /// in one queue so that they are delivered in the order they were
+    /// sent, as one connection delivers them.
+    pub(super) incoming: Mutex<Incoming>,
+}
+
+/// One message for the target iface's `progress`.
+pub(super) enum Event {
+    /// An active message: its id and bytes.
+    Am(u8, Vec<u8>),
+    /// The immediate of a put whose data is already written.
+    Imm(ImmEvent),
+}
+
+/// The queue of an iface, with what it holds of each kind: at most
+/// [`SELF_AM_QUEUE_LEN`] messages and [`SELF_IMM_QUEUE_LEN`] immediates.
+#[derive(Default)]
+pub(super) struct Incoming {
+    pub(super) events: VecDeque<Event>,
+    pub(super) ams: usize,
+    pub(super) imms: usize,
 }
 
 /// Every open self iface of this process, by iface id.
@@ -124,8 +139,7 @@ impl SelfIface {
         let shared = Arc::new(SelfShared {
             tl_name,
             table,
-            am_queue: Mutex::new(VecDeque::new()),
-            imm_queue: Mutex::new(VecDeque::new()),
+            incoming: Mutex::new(Incoming::default()),
         });
         directory()
             .lock()
@@ -233,27 +247,23 @@ impl Iface for SelfIface {
 
     fn progress(&mut self) -> usize {
         // Take the whole batch so handlers may send to this iface again.
-        let batch: VecDeque<(u8, Vec<u8>)> = std::mem::take(
+        let batch = std::mem::take(
             &mut *self
                 .shared
-                .am_queue
+                .incoming
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
         );
-        let mut delivered = batch.len();
-        for (id, data) in batch {
-            self.handlers.deliver(id, &data);
-        }
-        let imms: VecDeque<ImmEvent> = std::mem::take(
-            &mut *self
-                .shared
-                .imm_queue
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
-        delivered += imms.len();
-        for event in imms {
-            self.imm.deliver(event);
+        let delivered = batch.events.len();
+        for event in batch.events {
+            match event {
+                Event::Am(id, data) => {
+                    self.handlers.deliver(id, &data);
+                }
+                Event::Imm(event) => {
+                    self.imm.deliver(event);
+                }
+            }
         }
         delivered
     }

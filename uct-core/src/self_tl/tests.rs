@@ -223,3 +223,36 @@ fn a_put_to_a_closed_iface_fails_the_endpoint() {
         .unwrap_err();
     assert!(matches!(err, UctError::EndpointFailed(_)), "{err}");
 }
+
+/// Active messages and immediates reach the target in the order they were
+/// sent, interleaved, as one connection delivers them.
+#[test]
+fn messages_and_immediates_arrive_in_the_order_sent() {
+    let mut p = pair(64, Access::all());
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let o = order.clone();
+    p.iface
+        .set_imm_handler(Box::new(move |e| {
+            o.lock().unwrap().push(format!("imm{}", e.imm))
+        }))
+        .unwrap();
+    let o = order.clone();
+    p.iface
+        .set_am_handler(
+            3,
+            Box::new(move |m| o.lock().unwrap().push(format!("am{}", m.data[8]))),
+        )
+        .unwrap();
+    let iov = [Iov::new(&p.source, 0, 8)];
+    for i in 0..4u8 {
+        assert_eq!(p.ep.am_short(3, 0, &[i]).unwrap(), Status::Done);
+        let st =
+            p.ep.put_zcopy_imm(&iov, p.target.addr(), &p.rkey, i as u32, None);
+        assert_eq!(st.unwrap(), Status::Done);
+    }
+    p.iface.progress();
+    let want: Vec<String> = (0..4)
+        .flat_map(|i| [format!("am{i}"), format!("imm{i}")])
+        .collect();
+    assert_eq!(*order.lock().unwrap(), want);
+}
