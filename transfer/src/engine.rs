@@ -4,10 +4,15 @@
 //!
 //! A write moves zero-copy from the registered view, split at the
 //! transport's largest zcopy. Its notification is, on transports with
-//! immediate data (rc), the immediate of its single RDMA WRITE WITH
-//! IMMEDIATE; elsewhere (and for a write split in pieces) an active
-//! message posted after the data and a fence, so that the receiver never
-//! sees a notification before its bytes.
+//! immediate data (rc, self), the immediate of its single put; elsewhere
+//! (and for a write split in pieces) an active message after the data:
+//! - where a put completes once it has landed (posix, self, rc), after a
+//!   fence, so that the receiver never sees a notification before its
+//!   bytes;
+//! - where a put completes when it has left (tcp), only once a flush says
+//!   it landed, so that a write the peer refused (a stale or forged key, a
+//!   read-only buffer) is never notified. Those notifications wait in
+//!   order in [`Engine::notices`] while later writes go on.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,6 +22,7 @@ use uct_core::{Caps, Completion, Endpoint, Iface, Iov, MemHandle, RemoteKey, Sta
 
 use crate::error::{Result, TransferError};
 use crate::memory::View;
+use crate::shared::RegTarget;
 use crate::stats::Counters;
 
 /// The active-message id of notifications.
@@ -25,17 +31,32 @@ pub(crate) const NOTIFY_AM_ID: u8 = 17;
 /// The high half of a notification's header: what marks it as one.
 const NOTIFY_MAGIC: u64 = 0x7466_6e74; // "tfnt"
 
-/// A notification as an active message: the header (magic and tag) and
-/// the length written.
-pub(crate) fn notify_message(tag: u32, len: usize) -> (u64, [u8; 8]) {
-    (NOTIFY_MAGIC << 32 | tag as u64, (len as u64).to_le_bytes())
+/// Bytes of a notification message after its 8-byte header: the length
+/// written and the receiver's token.
+const NOTIFY_PAYLOAD: usize = 16;
+
+/// A notification as an active message: the header (magic and tag), then
+/// the length written and the receiver's token (from its URL).
+pub(crate) fn notify_message(tag: u32, len: usize, token: u64) -> (u64, [u8; NOTIFY_PAYLOAD]) {
+    let mut payload = [0u8; NOTIFY_PAYLOAD];
+    payload[..8].copy_from_slice(&(len as u64).to_le_bytes());
+    payload[8..].copy_from_slice(&token.to_le_bytes());
+    (NOTIFY_MAGIC << 32 | tag as u64, payload)
 }
 
-/// Reads a notification message; `None` for anything else a peer sends.
-pub(crate) fn parse_notify(data: &[u8]) -> Option<crate::Notification> {
-    let header = u64::from_le_bytes(data.get(..8)?.try_into().ok()?);
-    let len = u64::from_le_bytes(data.get(8..16)?.try_into().ok()?);
-    if data.len() != 16 || header >> 32 != NOTIFY_MAGIC {
+/// Reads a notification message that carries `token`; `None` for anything
+/// else (another sender's, or not a notification).
+pub(crate) fn parse_notify(data: &[u8], token: u64) -> Option<crate::Notification> {
+    if data.len() != 8 + NOTIFY_PAYLOAD {
+        return None;
+    }
+    let word = |at: usize| {
+        data.get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let (header, len, theirs) = (word(0)?, word(8)?, word(16)?);
+    if header >> 32 != NOTIFY_MAGIC || theirs != token {
         return None;
     }
     Some(crate::Notification {
@@ -120,6 +141,26 @@ impl Op {
     }
 }
 
+/// A notification waiting for the flush that says its write landed. It
+/// holds a start of its operation's completion, so that the operation ends
+/// only once the flush has answered, with its error if the peer refused.
+struct Notice {
+    landed: Completion,
+    op: Completion,
+    tag: u32,
+    len: usize,
+}
+
+/// What posting needs to know of the connection.
+#[derive(Clone, Copy)]
+struct Posting {
+    notify: NotifyPath,
+    flush_each: bool,
+    max_put: usize,
+    max_get: usize,
+    peer_token: u64,
+}
+
 /// The connected iface and endpoint, and what is waiting to be posted.
 pub(crate) struct Engine {
     // The endpoint drops before its iface.
@@ -128,14 +169,16 @@ pub(crate) struct Engine {
     pub transport: String,
     pub component: String,
     pub md: String,
+    /// What new memory registers with.
+    pub target: RegTarget,
     pub notify: NotifyPath,
     /// Whether a write's completion says only that it left (tcp), so that
     /// each write is flushed to learn it landed, and any refusal by the
     /// peer (a forged or stale key, a read-only buffer) reaches its future.
     pub flush_each: bool,
-    max_put: usize,
-    max_get: usize,
+    posting: Posting,
     queue: VecDeque<Op>,
+    notices: VecDeque<Notice>,
     /// Operations made and not completed (queued ones included); the
     /// completion callbacks count them down.
     in_flight: Arc<AtomicUsize>,
@@ -157,22 +200,34 @@ impl Engine {
         ep: Box<dyn Endpoint>,
         iface: Box<dyn Iface>,
         component: String,
-        in_flight: Arc<AtomicUsize>,
-        depth: usize,
+        target: RegTarget,
+        peer_token: u64,
+        shared: &crate::shared::Shared,
     ) -> Engine {
+        let (in_flight, depth, max_piece) =
+            (shared.in_flight.clone(), shared.depth, shared.max_piece);
         let attrs = iface.attrs().clone();
         let transport = iface.transport().to_string();
+        let flush_each = !REMOTE_COMPLETION.contains(&transport.as_str());
+        let notify = NotifyPath::of(attrs.caps);
         Engine {
-            flush_each: !REMOTE_COMPLETION.contains(&transport.as_str()),
+            posting: Posting {
+                notify,
+                flush_each,
+                max_put: attrs.put.max_zcopy.min(max_piece).max(1),
+                max_get: attrs.get.max_zcopy.min(max_piece).max(1),
+                peer_token,
+            },
+            flush_each,
             transport,
             md: iface.md().name().to_string(),
             component,
-            notify: NotifyPath::of(attrs.caps),
-            max_put: attrs.put.max_zcopy.max(1),
-            max_get: attrs.get.max_zcopy.max(1),
+            target,
+            notify,
             ep,
             iface,
             queue: VecDeque::new(),
+            notices: VecDeque::new(),
             in_flight,
             depth: depth.max(1),
             turns: 0,
@@ -181,7 +236,7 @@ impl Engine {
 
     /// Whether anything waits to be posted.
     pub(crate) fn has_queued(&self) -> bool {
-        !self.queue.is_empty()
+        !self.queue.is_empty() || !self.notices.is_empty()
     }
 
     /// Queues an operation and posts what may be posted.
@@ -192,15 +247,14 @@ impl Engine {
                     Counters::add(&counters.writes, 1);
                     Counters::add(&counters.bytes_written, p.len as u64);
                     if p.tag.is_some() {
-                        let by_imm = self.notify == NotifyPath::Immediate && p.len <= self.max_put;
-                        Counters::add(
-                            if by_imm {
-                                &counters.sent_imm
-                            } else {
-                                &counters.sent_msg
-                            },
-                            1,
-                        );
+                        let by_imm =
+                            self.notify == NotifyPath::Immediate && p.len <= self.posting.max_put;
+                        let counter = if by_imm {
+                            &counters.sent_imm
+                        } else {
+                            &counters.sent_msg
+                        };
+                        Counters::add(counter, 1);
                     }
                 }
                 Dir::Read => Counters::add(&counters.reads, 1),
@@ -211,7 +265,8 @@ impl Engine {
     }
 
     /// Posts queued operations in order while the transport accepts them
-    /// and fewer than `depth` are in flight.
+    /// and fewer than `depth` are in flight, then the notifications whose
+    /// writes have landed.
     pub(crate) fn pump(&mut self) {
         while !self.queue.is_empty() {
             let queued = self.queue.len();
@@ -222,13 +277,11 @@ impl Engine {
                     .load(Ordering::Acquire)
                     .saturating_sub(queued);
                 if posted >= self.depth {
-                    return;
+                    break;
                 }
             }
-            let (ep, notify, max_put, max_get) =
-                (self.ep.as_mut(), self.notify, self.max_put, self.max_get);
-            match advance(ep, op, notify, max_put, max_get) {
-                Ok(false) => return,
+            match advance(self.ep.as_mut(), op, self.posting, &mut self.notices) {
+                Ok(false) => break,
                 Ok(true) => {
                     let op = self.queue.pop_front().expect("front exists");
                     op.comp.finish(Ok(()));
@@ -239,13 +292,39 @@ impl Engine {
                 }
             }
         }
+        self.send_notices();
+    }
+
+    /// Sends, in order, the notifications whose writes a flush says have
+    /// landed; drops those whose writes the peer refused (their writers'
+    /// futures carry the refusal).
+    fn send_notices(&mut self) {
+        while let Some(n) = self.notices.front() {
+            if !n.landed.is_complete() {
+                return;
+            }
+            if let Err(e) = n.landed.result() {
+                log::debug!("transfer: a write was refused ({e}); its notification is not sent");
+                n.op.finish(Err(e));
+                self.notices.pop_front();
+                continue;
+            }
+            let (header, payload) = notify_message(n.tag, n.len, self.posting.peer_token);
+            let sent = match self.ep.am_short(NOTIFY_AM_ID, header, &payload) {
+                Ok(Status::NoResource) => return,
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            };
+            n.op.finish(sent);
+            self.notices.pop_front();
+        }
     }
 
     /// One turn: progress, post, and now and then ask whether the peer
     /// lives. Returns the events handled, or the endpoint's failure.
     pub(crate) fn turn(&mut self) -> std::result::Result<usize, UctError> {
         let n = self.iface.progress();
-        if !self.queue.is_empty() {
+        if self.has_queued() {
             self.pump();
         }
         self.turns = self.turns.wrapping_add(1);
@@ -258,6 +337,9 @@ impl Engine {
     /// Ends every queued operation with `err` (those posted end as the
     /// transport completes them, or by the Transport's table).
     pub(crate) fn fail_queued(&mut self, err: &UctError) {
+        for n in self.notices.drain(..) {
+            n.op.finish(Err(err.clone()));
+        }
         for op in self.queue.drain(..) {
             op.comp.finish(Err(err.clone()));
         }
@@ -269,22 +351,20 @@ impl Engine {
 fn advance(
     ep: &mut dyn Endpoint,
     op: &mut Op,
-    notify: NotifyPath,
-    max_put: usize,
-    max_get: usize,
+    how: Posting,
+    notices: &mut VecDeque<Notice>,
 ) -> std::result::Result<bool, UctError> {
     while op.part < op.parts.len() {
         let p = &op.parts[op.part];
         let comp = Some(&op.comp);
+        let max = match p.dir {
+            Dir::Write => how.max_put,
+            Dir::Read => how.max_get,
+        };
+        // One immediate write carries the notification when the write fits
+        // one zcopy.
+        let by_imm = p.tag.is_some() && how.notify == NotifyPath::Immediate && p.len <= max;
         if op.stage == Stage::Data {
-            let max = if p.dir == Dir::Write {
-                max_put
-            } else {
-                max_get
-            };
-            // One immediate write carries the notification when the write
-            // fits one zcopy.
-            let by_imm = p.tag.is_some() && notify == NotifyPath::Immediate && p.len <= max;
             while op.done < p.len || (by_imm && p.len == 0 && op.done == 0) {
                 let piece = (p.len - op.done).min(max);
                 let iov = [Iov::new(&p.mem, p.offset + op.done, piece)];
@@ -305,25 +385,38 @@ fn advance(
                     break;
                 }
             }
-            op.stage = match p.tag {
-                Some(_) if !by_imm => Stage::Fence,
-                _ => {
-                    op.part += 1;
-                    op.done = 0;
-                    Stage::Data
-                }
-            };
-            continue;
+            if p.tag.is_none() || by_imm {
+                op.part += 1;
+                op.done = 0;
+                continue;
+            }
+            op.stage = Stage::Fence;
         }
-        if op.stage == Stage::Fence {
-            if ep.fence()? == Status::NoResource {
+        let tag = p.tag.unwrap_or(0);
+        if how.flush_each {
+            // The notification goes once a flush says the write landed.
+            let landed = Completion::new();
+            if ep.flush(Some(&landed))? == Status::NoResource {
                 return Ok(false);
             }
-            op.stage = Stage::Notify;
-        }
-        let (header, payload) = notify_message(p.tag.unwrap_or(0), p.len);
-        if ep.am_short(NOTIFY_AM_ID, header, &payload)? == Status::NoResource {
-            return Ok(false);
+            op.comp.start();
+            notices.push_back(Notice {
+                landed,
+                op: op.comp.clone(),
+                tag,
+                len: p.len,
+            });
+        } else {
+            if op.stage == Stage::Fence {
+                if ep.fence()? == Status::NoResource {
+                    return Ok(false);
+                }
+                op.stage = Stage::Notify;
+            }
+            let (header, payload) = notify_message(tag, p.len, how.peer_token);
+            if ep.am_short(NOTIFY_AM_ID, header, &payload)? == Status::NoResource {
+                return Ok(false);
+            }
         }
         op.part += 1;
         op.done = 0;
@@ -375,17 +468,18 @@ mod tests {
 
     #[test]
     fn notification_messages_round_trip_and_others_are_ignored() {
-        let (h, p) = notify_message(0xdead_beef, 1 << 20);
+        let (h, p) = notify_message(0xdead_beef, 1 << 20, 77);
         let mut data = h.to_le_bytes().to_vec();
         data.extend_from_slice(&p);
-        let n = parse_notify(&data).unwrap();
+        let n = parse_notify(&data, 77).unwrap();
         assert_eq!((n.tag, n.len), (0xdead_beef, 1 << 20));
-        assert!(parse_notify(&data[..15]).is_none());
+        assert!(parse_notify(&data, 78).is_none(), "another token");
+        assert!(parse_notify(&data[..23], 77).is_none());
         let mut longer = data.clone();
         longer.push(0);
-        assert!(parse_notify(&longer).is_none());
+        assert!(parse_notify(&longer, 77).is_none());
         data[7] ^= 1;
-        assert!(parse_notify(&data).is_none());
-        assert!(parse_notify(&[]).is_none());
+        assert!(parse_notify(&data, 77).is_none());
+        assert!(parse_notify(&[], 77).is_none());
     }
 }

@@ -151,6 +151,10 @@ pub enum TransferError {
         transport: String,
     },
 
+    /// A future polled again after it resolved.
+    #[error("this future was polled again after it resolved; await each future once")]
+    PolledAgain,
+
     /// A bad setting of the builder.
     #[error("invalid setting: {0}")]
     Config(String),

@@ -57,6 +57,7 @@ mod memory;
 mod ops;
 mod progress;
 mod select;
+mod shared;
 mod stats;
 mod text;
 mod transport;

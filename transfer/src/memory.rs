@@ -11,7 +11,8 @@ use uct_core::host_alloc::HostAlloc;
 use uct_core::{Access, MdFlags, MemHandle, MemoryDomain, MemoryType, RkeyBundle};
 
 use crate::error::{Result, TransferError};
-use crate::transport::{RegTarget, Transport};
+use crate::shared::RegTarget;
+use crate::transport::Transport;
 
 /// One registration of the memory, with one memory domain.
 struct Registration {
@@ -106,7 +107,7 @@ impl Memory {
                 "a registration of 0 bytes; ask for at least 1".into(),
             ));
         }
-        let targets = transport.reg_targets();
+        let targets = transport.reg_targets()?;
         check_reachable(&targets, mem_type)?;
         let access = access | Access::LOCAL_READ | Access::LOCAL_WRITE;
         if !mem_type.is_host_accessible() {
@@ -134,7 +135,10 @@ impl Memory {
             for (i, t) in targets.iter().enumerate() {
                 if i != first {
                     // SAFETY: the bytes belong to `regs[0]`'s allocation,
-                    // which Inner drops after every other registration.
+                    // which Inner drops after every other registration; an
+                    // operation that holds this registration's handle
+                    // holds the whole Memory too (its completion keeps it)
+                    // until the transport lets go.
                     let h = unsafe { t.md.register(base as *mut u8, len, access) }?;
                     regs.push(Registration {
                         md: t.md.clone(),
@@ -145,46 +149,37 @@ impl Memory {
             // The allocation must outlive the registrations of its bytes:
             // move it last.
             regs.rotate_left(1);
-            return Ok(Memory::build(
-                regs,
-                base,
-                len,
-                MemoryType::Host,
-                access,
-                None,
-                None,
-            ));
+            return Memory::build(regs, base, len, MemoryType::Host, access, None, None);
         }
         let host = HostAlloc::new(len)?;
         // SAFETY: `host` is kept in Inner and dropped after the
         // registrations.
         let regs = unsafe { register_all(&targets, host.as_ptr(), len, access) }?;
         let base = host.as_ptr() as u64;
-        Ok(Memory::build(
-            regs,
-            base,
-            len,
-            MemoryType::Host,
-            access,
-            None,
-            Some(host),
-        ))
+        Memory::build(regs, base, len, MemoryType::Host, access, None, Some(host))
     }
 
     /// Registers host memory the application owns.
     ///
     /// # Safety
     /// `ptr..ptr+len` must be host memory that stays allocated, and is not
-    /// freed or unmapped, until this Memory, every clone and view of it and
-    /// every operation using it are gone. Peers granted write access may
-    /// change it at any time.
+    /// freed or unmapped, until this Memory and every clone and view of it
+    /// are dropped and every operation using it has resolved (a future
+    /// resolves only once no transport touches its memory any more, even
+    /// when the connection failed or the Transport was dropped). Peers
+    /// granted write access may change it at any time.
     pub unsafe fn register_raw(
         transport: &Transport,
         ptr: *mut u8,
         len: usize,
         access: Access,
     ) -> Result<Memory> {
-        let targets = transport.reg_targets();
+        if len == 0 {
+            return Err(TransferError::Config(
+                "a registration of 0 bytes; register at least 1".into(),
+            ));
+        }
+        let targets = transport.reg_targets()?;
         check_reachable(&targets, MemoryType::Host)?;
         let access = access | Access::LOCAL_READ | Access::LOCAL_WRITE;
         if let Some(t) = targets
@@ -198,15 +193,7 @@ impl Memory {
         }
         // SAFETY: the caller keeps the bytes alive as documented above.
         let regs = unsafe { register_all(&targets, ptr, len, access) }?;
-        Ok(Memory::build(
-            regs,
-            ptr as u64,
-            len,
-            MemoryType::Host,
-            access,
-            None,
-            None,
-        ))
+        Memory::build(regs, ptr as u64, len, MemoryType::Host, access, None, None)
     }
 
     /// Registers memory another memory domain allocated (Gaudi HBM from
@@ -216,8 +203,9 @@ impl Memory {
         mem: &MemHandle,
         access: Access,
     ) -> Result<Memory> {
-        let targets = transport.reg_targets();
+        let targets = transport.reg_targets()?;
         check_reachable(&targets, mem.mem_type())?;
+        let access = access | Access::LOCAL_READ | Access::LOCAL_WRITE;
         Memory::from_handle(&targets, mem.clone(), access)
     }
 
@@ -241,17 +229,12 @@ impl Memory {
             });
         }
         let (base, len, mem_type) = (mem.addr(), mem.len(), mem.mem_type());
-        Ok(Memory::build(
-            regs,
-            base,
-            len,
-            mem_type,
-            access,
-            Some(mem),
-            None,
-        ))
+        Memory::build(regs, base, len, mem_type, access, Some(mem), None)
     }
 
+    /// The Memory of `regs`, with its remote key. A registration whose
+    /// rkey cannot be packed fails the whole registration, naming the MD:
+    /// a key missing an entry would fail only at the peer's first write.
     fn build(
         regs: Vec<Registration>,
         base: u64,
@@ -260,24 +243,24 @@ impl Memory {
         access: Access,
         owner: Option<MemHandle>,
         host: Option<HostAlloc>,
-    ) -> Memory {
+    ) -> Result<Memory> {
+        if regs.is_empty() {
+            return Err(TransferError::Closed);
+        }
         let mut bundle = RkeyBundle::new();
-        let mut entries_ok = true;
         for r in &regs {
-            match r.md.pack_rkey(&r.handle).and_then(|e| bundle.push(e)) {
-                Ok(()) => {}
-                Err(e) => {
-                    log::warn!("transfer: no rkey from memory domain {}: {e}", r.md.name());
-                    entries_ok = false;
-                }
-            }
+            r.md.pack_rkey(&r.handle)
+                .and_then(|e| bundle.push(e))
+                .map_err(|e| {
+                    TransferError::MemoryType(format!(
+                        "memory domain {} cannot pack a remote key for this memory: {e}",
+                        r.md.name()
+                    ))
+                })?;
         }
-        let packed = bundle.pack().unwrap_or_default();
-        if !entries_ok {
-            log::warn!("transfer: the remote key of this memory lacks some memory domains");
-        }
+        let packed = bundle.pack()?;
         let key = crate::key::format(base, len, access, mem_type, &packed);
-        Memory {
+        Ok(Memory {
             inner: Arc::new(Inner {
                 regs,
                 base,
@@ -288,7 +271,7 @@ impl Memory {
                 _owner: owner,
                 _host: host,
             }),
-        }
+        })
     }
 
     /// Its length in bytes.

@@ -48,7 +48,7 @@ fn fill<T>(cell: &Mutex<Cell<T>>, value: T) -> bool {
         c.waker.take()
     };
     if let Some(w) = waker {
-        w.wake();
+        crate::shared::wake(w);
     }
     true
 }
@@ -97,9 +97,7 @@ impl Nudger {
 }
 
 fn polled_again<T>() -> Result<T> {
-    Err(TransferError::Config(
-        "this future was polled after it resolved".into(),
-    ))
+    Err(TransferError::PolledAgain)
 }
 
 /// Where an operation's result lands.
@@ -175,7 +173,9 @@ impl Future for OpFuture {
 /// What a notified write tells its receiver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Notification {
-    /// Bytes the write carried.
+    /// Bytes the write carried: on rc as the NIC counted them; elsewhere as
+    /// the writer says, unchecked. Check it against your buffer before
+    /// using it as a length.
     pub len: usize,
     /// The tag the writer chose (`write_tagged`); 0 for `write(.., true)`.
     pub tag: u32,
@@ -256,6 +256,32 @@ impl Inbox {
         }
     }
 
+    /// A notification a wait was given but dropped without taking: to the
+    /// oldest wait still pending, or back to the front of the queue (it is
+    /// older than anything there).
+    fn give_back(&self, n: Notification) {
+        loop {
+            let next = {
+                let mut s = lock(&self.state);
+                match s.waiters.pop_front() {
+                    Some(w) => {
+                        self.waiting.fetch_sub(1, Ordering::Relaxed);
+                        w
+                    }
+                    None => {
+                        s.arrived.push_front(n);
+                        return;
+                    }
+                }
+            };
+            // Filled outside the inbox lock: a dropped wait's cell is
+            // closed and refuses it, and the next is tried.
+            if fill(&next, Ok(n)) {
+                return;
+            }
+        }
+    }
+
     /// Takes a wait that was dropped unresolved out of the queue, so that
     /// it no longer counts as waiting.
     fn forget(&self, cell: &Arc<WaitCell>) {
@@ -295,9 +321,9 @@ impl Inbox {
 
 /// The future of [`Transport::wait_for_write`](crate::Transport::wait_for_write):
 /// the next notification, in the order the peer's notified writes were
-/// made. Waits are served in the order they were made; dropping one that
-/// has not resolved gives its place up (a notification it was already
-/// given is lost with it).
+/// made. Waits are served in the order they were made; dropping one gives
+/// its place up, and a notification it was given but did not return goes
+/// to the next wait (a timeout around a wait loses nothing).
 #[must_use = "a wait does nothing unless awaited"]
 pub struct WaitForWrite {
     cell: Arc<WaitCell>,
@@ -331,16 +357,21 @@ impl Drop for WaitForWrite {
         // Closed: a delivery racing with this skips the cell and hands its
         // notification on. The cell lock is released before the inbox's is
         // taken (deliver takes them the other way round).
-        let pending = {
+        let (pending, untaken) = {
             let mut c = lock(&self.cell);
             let pending = c.result.is_none() && !c.closed;
             c.closed = true;
-            pending
+            (pending, c.result.take())
+        };
+        let Some(inbox) = self.inbox.upgrade() else {
+            return;
         };
         if pending {
-            if let Some(inbox) = self.inbox.upgrade() {
-                inbox.forget(&self.cell);
-            }
+            inbox.forget(&self.cell);
+        } else if let Some(Ok(n)) = untaken {
+            // Given a notification, dropped before taking it (a timeout
+            // that fired as it came): it goes to the next wait, not lost.
+            inbox.give_back(n);
         }
     }
 }
@@ -387,6 +418,26 @@ mod tests {
             !inbox.has_waiters(),
             "a timed-out wait keeps progress spinning"
         );
+    }
+
+    #[test]
+    fn a_notification_given_to_a_dropped_wait_goes_to_the_next() {
+        let inbox = Inbox::new();
+        let w1 = inbox.wait();
+        let w2 = inbox.wait();
+        inbox.deliver(Notification { len: 1, tag: 1 });
+        // w1 was given tag 1 and is dropped before it is polled.
+        drop(w1);
+        inbox.deliver(Notification { len: 2, tag: 2 });
+        assert_eq!(block_on(w2).unwrap().tag, 1);
+        assert_eq!(block_on(inbox.wait()).unwrap().tag, 2);
+        // With no wait pending, it goes back to the front of the queue.
+        let w3 = inbox.wait();
+        inbox.deliver(Notification { len: 3, tag: 3 });
+        inbox.deliver(Notification { len: 4, tag: 4 });
+        drop(w3);
+        assert_eq!(block_on(inbox.wait()).unwrap().tag, 3);
+        assert_eq!(block_on(inbox.wait()).unwrap().tag, 4);
     }
 
     #[test]

@@ -11,16 +11,26 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Result, TransferError};
-use crate::transport::{Shared, Transport};
+use crate::shared::{with_deferred_wakes, Shared};
+use crate::transport::Transport;
 
-/// Idle turns before the thread sleeps between polls.
+/// Idle turns before the thread sleeps between polls when nothing is in
+/// flight or awaited.
 const SPIN_TURNS: u32 = 2000;
 
 /// Sleep between polls when idle.
 const IDLE_POLL: Duration = Duration::from_millis(1);
+
+/// How long the thread spins with something in flight or awaited and no
+/// event, before it polls every [`BUSY_POLL`] instead: a wait that nothing
+/// answers must not burn a core for good.
+const BUSY_SPIN: Duration = Duration::from_millis(50);
+
+/// Sleep between polls once [`BUSY_SPIN`] has passed without an event.
+const BUSY_POLL: Duration = Duration::from_micros(100);
 
 pub(crate) fn spawn(shared: Arc<Shared>) -> Result<JoinHandle<()>> {
     let s = shared.clone();
@@ -34,32 +44,49 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> Result<JoinHandle<()>> {
 
 fn run(shared: &Shared) {
     let mut idle = 0u32;
+    let mut quiet_since: Option<Instant> = None;
+    let mut drowsy = false;
+    let mut last_nudges = 0;
     while !shared.stop.load(Ordering::Acquire) {
         if shared.drivers.load(Ordering::Acquire) > 0 {
             // A thread in Transport::wait drives progress.
             std::thread::park_timeout(IDLE_POLL);
             continue;
         }
-        let events = {
+        let events = with_deferred_wakes(|| {
             let mut phase = shared.phase.lock().unwrap_or_else(|p| p.into_inner());
             shared.progress_in(&mut phase)
-        };
+        });
         if shared.posters.load(Ordering::Acquire) > 0 {
             // A caller waits for the lock to post: let it in.
             std::thread::yield_now();
         }
-        if events > 0 {
+        let nudged = shared.nudges.load(Ordering::Acquire);
+        if events > 0 || nudged != last_nudges {
+            last_nudges = nudged;
             idle = 0;
+            quiet_since = None;
+            drowsy = false;
             continue;
         }
         idle = idle.saturating_add(1);
         if shared.busy() {
-            if idle > 64 {
-                std::thread::yield_now();
-            } else {
+            if idle <= 64 {
                 std::hint::spin_loop();
+                continue;
+            }
+            // The clock is read only every 64 turns.
+            if idle.is_multiple_of(64) {
+                drowsy = quiet_since.get_or_insert_with(Instant::now).elapsed() > BUSY_SPIN;
+            }
+            if drowsy {
+                std::thread::park_timeout(BUSY_POLL);
+            } else {
+                std::thread::yield_now();
             }
         } else if idle > SPIN_TURNS {
+            quiet_since = None;
+            drowsy = false;
             std::thread::park_timeout(IDLE_POLL);
         } else {
             std::thread::yield_now();

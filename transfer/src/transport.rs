@@ -12,23 +12,21 @@
 //! calls [`Transport::progress`]. Either way the futures are plain
 //! `std::future::Future`s.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
 use std::thread::JoinHandle;
 
-use dashmap::DashMap;
-use uct_core::{
-    Completion, EpParams, Iface, IfaceParams, MemoryDomain, MemoryType, Registry, UctError,
-};
+use uct_core::{Completion, EpParams, IfaceParams, MemoryDomain, MemoryType, Registry};
 
 use crate::engine::{self, Dir, Engine, NotifyPath, Op, Part};
 use crate::error::{Result, TransferError};
 use crate::key::RemoteBuffer;
-use crate::memory::View;
+use crate::memory::{Memory, View};
 use crate::ops::{Inbox, OpFuture, Slot, WaitForWrite};
 use crate::select;
+use crate::shared::{install_handlers, with_deferred_wakes, Open, Phase, RegTarget, Shared};
 use crate::stats::{Counters, Stats};
-use crate::url::{self, Offer};
+use crate::url;
 
 /// Who drives progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -48,6 +46,7 @@ pub struct Builder {
     mem_types: Vec<MemoryType>,
     depth: usize,
     progress: Progress,
+    max_piece: usize,
 }
 
 /// Operations in flight by default before a new one waits.
@@ -61,6 +60,7 @@ impl Default for Builder {
             mem_types: vec![MemoryType::Host],
             depth: DEFAULT_DEPTH,
             progress: Progress::Thread,
+            max_piece: usize::MAX,
         }
     }
 }
@@ -94,9 +94,21 @@ impl Builder {
         self
     }
 
-    /// Who drives progress.
+    /// Who drives progress. With [`Progress::Manual`] nothing moves, and
+    /// no dead peer is noticed, unless the caller calls
+    /// [`Transport::progress`] (or waits with [`Transport::wait`]): a
+    /// future awaited on another executor without it never resolves.
     pub fn progress(mut self, progress: Progress) -> Self {
         self.progress = progress;
+        self
+    }
+
+    /// Splits writes and reads in pieces of at most `bytes` (besides the
+    /// transport's own largest zcopy): a test seam for writes split in
+    /// pieces, which real transports do only beyond a GiB.
+    #[doc(hidden)]
+    pub fn max_write_piece(mut self, bytes: usize) -> Self {
+        self.max_piece = bytes.max(1);
         self
     }
 
@@ -117,6 +129,7 @@ impl Builder {
         )?;
         let inbox = Inbox::new();
         let counters = Arc::new(Counters::default());
+        let token = random_token();
         let mut cands = Vec::with_capacity(picked.len());
         for c in picked {
             let mut iface = match c.resource.component.open_iface(
@@ -131,7 +144,7 @@ impl Builder {
                 }
                 Err(e) => return Err(e.into()),
             };
-            install_handlers(iface.as_mut(), &inbox, &counters)?;
+            install_handlers(iface.as_mut(), &inbox, &counters, token)?;
             cands.push(Open {
                 mem_types: iface.attrs().mem_types.clone(),
                 component: c.resource.component.name().to_string(),
@@ -145,23 +158,9 @@ impl Builder {
                 "every candidate failed to open; run with RUST_LOG=info to see why".into(),
             ));
         }
-        let shared = Arc::new(Shared {
-            phase: Mutex::new(Phase::Open { cands, url: None }),
-            inbox,
-            counters,
-            ops: DashMap::new(),
-            next_id: AtomicU64::new(0),
-            in_flight: Arc::new(AtomicUsize::new(0)),
-            depth: self.depth,
-            stop: AtomicBool::new(false),
-            failed: AtomicBool::new(false),
-            posters: AtomicUsize::new(0),
-            drivers: AtomicUsize::new(0),
-            connected: AtomicBool::new(false),
-            url: std::sync::OnceLock::new(),
-            chosen: Mutex::new(None),
-            thread: std::sync::OnceLock::new(),
-        });
+        let mut shared = Shared::new(cands, inbox, counters, self.depth, token);
+        shared.max_piece = self.max_piece;
+        let shared = Arc::new(shared);
         let thread = match self.progress {
             Progress::Manual => None,
             Progress::Thread => Some(crate::progress::spawn(shared.clone())?),
@@ -170,222 +169,19 @@ impl Builder {
     }
 }
 
-/// Sets the notification handlers of a candidate iface: immediates where it
-/// has them, the notification message where it has active messages.
-fn install_handlers(
-    iface: &mut dyn Iface,
-    inbox: &Arc<Inbox>,
-    counters: &Arc<Counters>,
-) -> Result<()> {
-    let caps = iface.attrs().caps;
-    if caps.contains(uct_core::Caps::PUT_IMM) {
-        let inbox = inbox.clone();
-        let counters = counters.clone();
-        iface.set_imm_handler(Box::new(move |ev| {
-            Counters::add(&counters.recv_imm, 1);
-            inbox.deliver(crate::Notification {
-                len: ev.len,
-                tag: ev.imm,
-            })
-        }))?;
+/// A random token for notifications (see [`Shared::token`]); never 0.
+fn random_token() -> u64 {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        // Only distinct from other Transports, not secret: the URL's
+        // secrecy is what the token rests on.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        return t ^ (std::process::id() as u64).rotate_left(40) | 1;
     }
-    if caps.contains(uct_core::Caps::AM_SHORT) {
-        let inbox = inbox.clone();
-        let counters = counters.clone();
-        let transport = iface.transport().to_string();
-        iface.set_am_handler(
-            engine::NOTIFY_AM_ID,
-            Box::new(move |msg| match engine::parse_notify(msg.data) {
-                Some(n) => {
-                    Counters::add(&counters.recv_msg, 1);
-                    inbox.deliver(n)
-                }
-                None => log::warn!(
-                    "transfer: {transport}: dropped a malformed notification of {} bytes",
-                    msg.data.len()
-                ),
-            }),
-        )?;
-    }
-    Ok(())
-}
-
-/// An endpoint from `c` to the peer's `offer`: the one bind() made,
-/// connected to the peer's endpoint, or a new one to the peer's iface.
-fn connect_candidate(c: &mut Open, offer: &Offer) -> Result<Box<dyn uct_core::Endpoint>> {
-    let transport = c.iface.transport().to_string();
-    let unreachable = |source| TransferError::PeerUnreachable {
-        transport: transport.clone(),
-        source,
-    };
-    let by_ep = !c
-        .iface
-        .attrs()
-        .caps
-        .contains(uct_core::Caps::CONNECT_TO_IFACE);
-    if !by_ep {
-        return c
-            .iface
-            .create_ep(EpParams::ToIface {
-                device_addr: offer.device_addr.clone(),
-                iface_addr: offer.iface_addr.clone(),
-            })
-            .map_err(unreachable);
-    }
-    let Some(addr) = &offer.ep_addr else {
-        return Err(TransferError::BadUrl {
-            why: format!("its {transport} offer has no endpoint address"),
-        });
-    };
-    let mut ep = c.pending_ep.take().ok_or_else(|| {
-        TransferError::Config(format!(
-            "this side's {transport} endpoint went to a connect that failed; build a new Transport"
-        ))
-    })?;
-    ep.connect_to_ep(&offer.device_addr, addr)
-        .map_err(unreachable)?;
-    Ok(ep)
-}
-
-/// A candidate transport, opened.
-pub(crate) struct Open {
-    // The endpoint drops before its iface.
-    pending_ep: Option<Box<dyn uct_core::Endpoint>>,
-    iface: Box<dyn Iface>,
-    component: String,
-    md: Arc<dyn MemoryDomain>,
-    mem_types: Vec<MemoryType>,
-}
-
-pub(crate) enum Phase {
-    /// Built, maybe bound: the candidates.
-    Open {
-        cands: Vec<Open>,
-        url: Option<String>,
-    },
-    /// Connected over one of them (boxed: an Engine is much larger than
-    /// the other phases).
-    Connected(Box<Engine>, Option<TransferError>),
-    /// Dropped.
-    Closed,
-}
-
-/// A memory domain memory is registered with, and what its transport moves.
-#[derive(Clone)]
-pub(crate) struct RegTarget {
-    pub transport: String,
-    pub md: Arc<dyn MemoryDomain>,
-    pub mem_types: Vec<MemoryType>,
-}
-
-/// What the Transport, its progress thread and its futures share.
-pub(crate) struct Shared {
-    pub phase: Mutex<Phase>,
-    pub inbox: Arc<Inbox>,
-    pub counters: Arc<Counters>,
-    /// Every operation not yet resolved, so that a failure or a drop
-    /// resolves them all whatever the transport still holds.
-    pub ops: DashMap<u64, Arc<Slot>>,
-    next_id: AtomicU64,
-    pub in_flight: Arc<AtomicUsize>,
-    depth: usize,
-    pub stop: AtomicBool,
-    /// The connection failed (or the Transport is closing).
-    failed: AtomicBool,
-    /// Threads waiting for the lock to post: the progress thread yields.
-    pub posters: AtomicUsize,
-    /// Threads in [`Transport::wait`], which drive progress themselves:
-    /// the progress thread sleeps meanwhile instead of fighting them for
-    /// the lock and the cores.
-    pub drivers: AtomicUsize,
-    connected: AtomicBool,
-    /// What bind() returned: it stays the URL after connect.
-    url: std::sync::OnceLock<String>,
-    chosen: Mutex<Option<RegTarget>>,
-    pub thread: std::sync::OnceLock<std::thread::Thread>,
-}
-
-impl Shared {
-    /// The lock, for a caller that posts: counted, so that the progress
-    /// thread lets it in.
-    pub(crate) fn lock_to_post(&self) -> MutexGuard<'_, Phase> {
-        self.posters.fetch_add(1, Ordering::AcqRel);
-        let g = self.phase.lock().unwrap_or_else(|p| p.into_inner());
-        self.posters.fetch_sub(1, Ordering::AcqRel);
-        g
-    }
-
-    /// Whether the progress thread should keep spinning.
-    pub(crate) fn busy(&self) -> bool {
-        // A failed connection has nothing more to progress: what the
-        // transport still holds is released when the Transport drops.
-        !self.failed.load(Ordering::Acquire)
-            && (self.in_flight.load(Ordering::Acquire) > 0 || self.inbox.has_waiters())
-    }
-
-    /// Wakes the progress thread unless a caller drives progress.
-    pub(crate) fn nudge_progress(&self) {
-        if self.drivers.load(Ordering::Acquire) == 0 {
-            self.wake_progress();
-        }
-    }
-
-    pub(crate) fn wake_progress(&self) {
-        if let Some(t) = self.thread.get() {
-            t.unpark();
-        }
-    }
-
-    /// One turn of progress: the candidates' ifaces before connect, the
-    /// connection after. Returns the events handled.
-    pub(crate) fn progress_in(&self, phase: &mut Phase) -> usize {
-        match phase {
-            Phase::Open { cands, .. } => cands.iter_mut().map(|c| c.iface.progress()).sum(),
-            Phase::Connected(eng, failed) if failed.is_none() => {
-                let res = eng.turn();
-                let err = match res {
-                    Ok(n) if !self.inbox.overflowed() => return n,
-                    Ok(_) => UctError::Protocol(format!(
-                        "the peer sent more than {} notifications nobody waited for",
-                        crate::ops::MAX_BACKLOG
-                    )),
-                    Err(e) => e,
-                };
-                self.fail(eng, failed, TransferError::PeerFailed { source: err });
-                1
-            }
-            _ => 0,
-        }
-    }
-
-    /// Ends every pending operation and wait with `err`.
-    fn fail(&self, eng: &mut Engine, failed: &mut Option<TransferError>, err: TransferError) {
-        log::warn!("transfer: {}: {err}", eng.transport);
-        let uct = match &err {
-            TransferError::PeerFailed { source } => source.clone(),
-            other => UctError::Canceled(other.to_string()),
-        };
-        // The table first, so that every future gets `err` itself.
-        self.resolve_all(&err);
-        eng.fail_queued(&uct);
-        *failed = Some(err);
-        self.failed.store(true, Ordering::Release);
-    }
-
-    fn resolve_all(&self, err: &TransferError) {
-        let slots: Vec<Arc<Slot>> = self.ops.iter().map(|e| e.value().clone()).collect();
-        self.ops.clear();
-        for s in slots {
-            s.complete(Err(err.clone()));
-        }
-        self.inbox.fail(err);
-    }
-}
-
-impl crate::ops::Nudge for Shared {
-    fn nudge(&self) {
-        self.nudge_progress();
-    }
+    u64::from_ne_bytes(b) | 1
 }
 
 /// One side of a connection: bind, connect, write, read, wait.
@@ -448,40 +244,43 @@ impl Transport {
     }
 
     /// The URL the peer passes to [`connect`](Self::connect): the
-    /// transports this side offers with their addresses, and the format
-    /// version. Calling it again returns the same URL.
+    /// transports this side offers with their addresses, the token its
+    /// notifications must carry, and the format version. Calling it again
+    /// returns the same URL.
     pub fn bind(&self) -> Result<String> {
         let mut phase = self.lock();
-        let Phase::Open { cands, url } = &mut *phase else {
-            return match &*phase {
-                Phase::Connected(..) => self
+        let (cands, url) = match &mut *phase {
+            Phase::Open { cands, url } => (cands, url),
+            Phase::Connected(_) => {
+                return self
                     .shared
                     .url
                     .get()
                     .cloned()
-                    .ok_or(TransferError::NotBound),
-                _ => Err(TransferError::Closed),
-            };
+                    .ok_or(TransferError::NotBound)
+            }
+            Phase::Failed(e) => return Err(e.clone()),
+            Phase::Closed => return Err(TransferError::Closed),
         };
         if let Some(u) = url {
             return Ok(u.clone());
         }
         let mut offers = Vec::with_capacity(cands.len());
         for c in cands.iter_mut() {
-            let by_ep = !c
+            let by_iface = c
                 .iface
                 .attrs()
                 .caps
                 .contains(uct_core::Caps::CONNECT_TO_IFACE);
-            let ep_addr = if by_ep {
+            let ep_addr = if by_iface {
+                None
+            } else {
                 let ep = c.iface.create_ep(EpParams::Unconnected)?;
                 let addr = ep.ep_address()?;
                 c.pending_ep = Some(ep);
                 Some(addr)
-            } else {
-                None
             };
-            offers.push(Offer {
+            offers.push(url::Offer {
                 transport: c.iface.transport().to_string(),
                 device: c.iface.device().to_string(),
                 device_addr: c.iface.device_address(),
@@ -489,7 +288,7 @@ impl Transport {
                 ep_addr,
             });
         }
-        let u = url::format(&offers);
+        let u = url::format(self.shared.token, &offers);
         *url = Some(u.clone());
         let _ = self.shared.url.set(u.clone());
         Ok(u)
@@ -498,54 +297,36 @@ impl Transport {
     /// Connects to the peer whose bind() returned `peer_url`. Both sides
     /// bind and both connect.
     pub fn connect(&self, peer_url: &str) -> Result<()> {
-        let offers = url::parse(peer_url)?;
+        let (peer_token, offers) = url::parse(peer_url)?;
         let mut phase = self.lock();
         let cands = match &mut *phase {
             Phase::Open { url: None, .. } => return Err(TransferError::NotBound),
-            Phase::Open { cands, .. } => std::mem::take(cands),
-            Phase::Connected(eng, _) => {
+            Phase::Open { cands, .. } => cands,
+            Phase::Connected(eng) => {
                 return Err(TransferError::AlreadyConnected {
                     transport: eng.transport.clone(),
                 })
             }
+            Phase::Failed(e) => return Err(e.clone()),
             Phase::Closed => return Err(TransferError::Closed),
         };
-        let (index, offer) = match select::choose(&cands, &offers, |c| &*c.iface) {
-            Ok(found) => found,
-            Err(e) => {
-                // Nothing changed: the caller may try another URL.
-                if let Phase::Open { cands: back, .. } = &mut *phase {
-                    *back = cands;
-                }
-                return Err(e);
-            }
-        };
-        let mut cands = cands;
-        let ep = match connect_candidate(&mut cands[index], &offer) {
-            Ok(ep) => ep,
-            Err(e) => {
-                if let Phase::Open { cands: back, .. } = &mut *phase {
-                    *back = cands;
-                }
-                return Err(e);
-            }
-        };
+        // On any error the candidates stay: the caller may try another URL.
+        let (index, offer) = select::choose(cands, &offers, |c| &*c.iface)?;
+        let ep = cands[index].connect(&offer)?;
         let c = cands.swap_remove(index);
-        drop(cands);
         let transport = c.iface.transport().to_string();
-        *self.shared.chosen.lock().unwrap_or_else(|p| p.into_inner()) = Some(RegTarget {
-            transport: transport.clone(),
-            md: c.md.clone(),
-            mem_types: c.mem_types.clone(),
-        });
+        let target = c.target();
         let eng = Box::new(Engine::new(
             ep,
             c.iface,
             c.component,
-            self.shared.in_flight.clone(),
-            self.shared.depth,
+            target,
+            peer_token,
+            &self.shared,
         ));
-        *phase = Phase::Connected(eng, None);
+        // The other candidates close here.
+        *phase = Phase::Connected(eng);
+        let _ = self.shared.chosen.set(transport);
         self.shared.connected.store(true, Ordering::Release);
         Ok(())
     }
@@ -557,8 +338,7 @@ impl Transport {
 
     /// The transport connected over, once connected.
     pub fn transport_name(&self) -> Option<String> {
-        let chosen = self.shared.chosen.lock().unwrap_or_else(|p| p.into_inner());
-        chosen.as_ref().map(|c| c.transport.clone())
+        self.shared.chosen.get().cloned()
     }
 
     /// What this Transport has done so far.
@@ -567,21 +347,14 @@ impl Transport {
     }
 
     /// The memory domains new memory is registered with: every candidate's
-    /// before connect, the connection's after.
-    pub(crate) fn reg_targets(&self) -> Vec<RegTarget> {
-        if let Some(c) = &*self.shared.chosen.lock().unwrap_or_else(|p| p.into_inner()) {
-            return vec![c.clone()];
-        }
+    /// before connect, the connection's after. Decided under the lock, so
+    /// that a connect racing with a registration is seen whole.
+    pub(crate) fn reg_targets(&self) -> Result<Vec<RegTarget>> {
         match &*self.lock() {
-            Phase::Open { cands, .. } => cands
-                .iter()
-                .map(|c| RegTarget {
-                    transport: c.iface.transport().to_string(),
-                    md: c.md.clone(),
-                    mem_types: c.mem_types.clone(),
-                })
-                .collect(),
-            _ => Vec::new(),
+            Phase::Open { cands, .. } => Ok(cands.iter().map(Open::target).collect()),
+            Phase::Connected(eng) => Ok(vec![eng.target.clone()]),
+            Phase::Failed(e) => Err(e.clone()),
+            Phase::Closed => Err(TransferError::Closed),
         }
     }
 
@@ -593,40 +366,36 @@ impl Transport {
     /// Writes `local` to `remote` (of the same length), zero-copy from the
     /// registered view; with `notify`, the peer's next
     /// [`wait_for_write`](Self::wait_for_write) resolves once the bytes
-    /// have landed. The future resolves once the view may be reused.
+    /// have landed. The future resolves once the write has landed at the
+    /// peer (or failed): the view may then be reused.
     pub fn write(&self, local: &View, remote: &RemoteBuffer, notify: bool) -> OpFuture {
-        self.post(
-            vec![(Dir::Write, local, remote, notify.then_some(0))],
-            false,
-        )
+        self.post(&[(Dir::Write, local, remote, notify.then_some(0))], false)
     }
 
     /// A notified write whose notification carries `tag`.
     pub fn write_tagged(&self, local: &View, remote: &RemoteBuffer, tag: u32) -> OpFuture {
-        self.post(vec![(Dir::Write, local, remote, Some(tag))], false)
+        self.post(&[(Dir::Write, local, remote, Some(tag))], false)
     }
 
     /// Reads `remote` into `local` (of the same length).
     pub fn read(&self, local: &View, remote: &RemoteBuffer) -> OpFuture {
-        self.post(vec![(Dir::Read, local, remote, None)], false)
+        self.post(&[(Dir::Read, local, remote, None)], false)
     }
 
     /// Posts every write, in order, then one flush: the future resolves
-    /// once all of them have completed at the peer.
+    /// once all of them have landed at the peer, with the first error.
     pub fn write_batch(&self, writes: &[BatchWrite]) -> OpFuture {
-        self.post(
-            writes
-                .iter()
-                .map(|w| (Dir::Write, &w.local, &w.remote, w.notify))
-                .collect(),
-            true,
-        )
+        let parts: Vec<_> = writes
+            .iter()
+            .map(|w| (Dir::Write, &w.local, &w.remote, w.notify))
+            .collect();
+        self.post(&parts, true)
     }
 
     /// Resolves once every operation posted before it has completed at the
     /// peer.
     pub fn flush(&self) -> OpFuture {
-        self.post(Vec::new(), true)
+        self.post(&[], true)
     }
 
     /// The next notification of a notified write from the peer.
@@ -642,19 +411,21 @@ impl Transport {
     /// Drives progress once (what the progress thread does in a loop);
     /// returns the events handled. Needed only with [`Progress::Manual`].
     pub fn progress(&self) -> usize {
-        let mut phase = self.lock();
-        self.shared.progress_in(&mut phase)
+        with_deferred_wakes(|| {
+            let mut phase = self.lock();
+            self.shared.progress_in(&mut phase)
+        })
     }
 
     /// Runs `fut` to completion on this thread, driving progress between
     /// polls: a small `block_on` for manual progress (it works with the
-    /// progress thread too).
+    /// progress thread too, which sleeps meanwhile).
     pub fn wait<F: std::future::Future>(&self, fut: F) -> F::Output {
         crate::progress::block_on_progress(self, &self.shared, fut)
     }
 
-    fn post(&self, parts: Vec<(Dir, &View, &RemoteBuffer, Option<u32>)>, flush: bool) -> OpFuture {
-        match self.try_post(parts, flush) {
+    fn post(&self, parts: &[(Dir, &View, &RemoteBuffer, Option<u32>)], flush: bool) -> OpFuture {
+        match with_deferred_wakes(|| self.try_post(parts, flush)) {
             Ok(f) => f,
             Err(e) => OpFuture::ready(Err(e)),
         }
@@ -662,20 +433,19 @@ impl Transport {
 
     fn try_post(
         &self,
-        parts: Vec<(Dir, &View, &RemoteBuffer, Option<u32>)>,
+        parts: &[(Dir, &View, &RemoteBuffer, Option<u32>)],
         flush: bool,
     ) -> Result<OpFuture> {
         let mut phase = self.lock();
-        let (eng, failed) = match &mut *phase {
-            Phase::Connected(eng, failed) => (eng, failed),
+        let eng = match &mut *phase {
+            Phase::Connected(eng) => eng,
             Phase::Open { .. } => return Err(TransferError::NotConnected),
+            Phase::Failed(e) => return Err(e.clone()),
             Phase::Closed => return Err(TransferError::Closed),
         };
-        if let Some(e) = failed {
-            return Err(e.clone());
-        }
         let mut built = Vec::with_capacity(parts.len());
-        for (dir, view, remote, tag) in parts {
+        let mut keep: Vec<Memory> = Vec::with_capacity(parts.len());
+        for &(dir, view, remote, tag) in parts {
             engine::check_part(view, remote, dir)?;
             if tag.is_some() && eng.notify == NotifyPath::None {
                 return Err(TransferError::NoNotifications {
@@ -692,6 +462,7 @@ impl Transport {
                 rkey: remote.rkey_for(&eng.component, &eng.md)?,
                 tag,
             });
+            keep.push(view.memory().clone());
         }
         let flush = flush || (eng.flush_each && built.iter().any(|p| p.dir == Dir::Write));
         let slot = Slot::new();
@@ -702,11 +473,20 @@ impl Transport {
         let shared = Arc::downgrade(&self.shared);
         let done = slot.clone();
         let comp = Completion::with_callback(move |r| {
-            if let Some(s) = shared.upgrade() {
+            // The memory stays registered (and allocated) until the
+            // transport has finished with every piece: a registration by
+            // address of another MD's allocation does not keep it alive.
+            drop(keep);
+            let shared = shared.upgrade();
+            let failure = shared.as_ref().and_then(|s| s.failure.get().cloned());
+            if let Some(s) = &shared {
                 s.ops.remove(&id);
             }
             in_flight.fetch_sub(1, Ordering::AcqRel);
-            done.complete(r.as_ref().map_err(engine::op_error).copied());
+            done.complete(match r {
+                Ok(()) => Ok(()),
+                Err(e) => Err(failure.unwrap_or_else(|| engine::op_error(e))),
+            });
         });
         eng.submit(Op::new(built, flush, comp), &self.shared.counters);
         // Operations left queued need progress to be posted, even if
@@ -729,15 +509,12 @@ impl Drop for Transport {
                 log::error!("transfer: the progress thread panicked");
             }
         }
-        let mut phase = self.shared.phase.lock().unwrap_or_else(|p| p.into_inner());
-        if let Phase::Connected(eng, failed) = &mut *phase {
-            if failed.is_none() {
-                self.shared.fail(eng, failed, TransferError::Closed);
-            }
-        }
-        self.shared.resolve_all(&TransferError::Closed);
-        // The endpoint and iface close here; what they still hold (the
-        // memory of operations in the NIC) goes with them.
-        *phase = Phase::Closed;
+        with_deferred_wakes(|| {
+            let mut phase = self.shared.phase.lock().unwrap_or_else(|p| p.into_inner());
+            // The endpoint and iface close before any future resolves.
+            self.shared
+                .fail_connection(&mut phase, TransferError::Closed);
+            *phase = Phase::Closed;
+        });
     }
 }

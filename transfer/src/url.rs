@@ -1,9 +1,10 @@
-//! The URL bind() returns: a format version and one offer per transport
-//! this side bound (its name, device, device address, iface address and,
-//! for transports that connect endpoint to endpoint, the endpoint's
-//! address), closed by a check that catches strings cut short.
+//! The URL bind() returns: a format version, the token the peer's
+//! notifications must carry, and one offer per transport this side bound
+//! (its name, device, device address, iface address and, for transports
+//! that connect endpoint to endpoint, the endpoint's address), closed by a
+//! check that catches strings cut short.
 //!
-//! `uct://v1/tcp:lo:<dev hex>:<iface hex>:<ep hex>/posix:memory:...#<check>`
+//! `uct://v1/<token hex>/tcp:lo:<dev hex>:<iface hex>:<ep hex>/posix:memory:...#<check>`
 //!
 //! Parsing never panics: the peer's URL comes from outside.
 
@@ -31,8 +32,8 @@ pub(crate) struct Offer {
 }
 
 /// Writes a URL of `offers`.
-pub(crate) fn format(offers: &[Offer]) -> String {
-    let mut body = format!("{SCHEME}v{URL_VERSION}");
+pub(crate) fn format(token: u64, offers: &[Offer]) -> String {
+    let mut body = format!("{SCHEME}v{URL_VERSION}/{token:016x}");
     for o in offers {
         body.push('/');
         body.push_str(&format!(
@@ -48,8 +49,9 @@ pub(crate) fn format(offers: &[Offer]) -> String {
     format!("{body}#{sum}")
 }
 
-/// Reads a URL; each kind of wrong string gets its own error.
-pub(crate) fn parse(url: &str) -> Result<Vec<Offer>> {
+/// Reads a URL: the peer's token and offers; each kind of wrong string
+/// gets its own error.
+pub(crate) fn parse(url: &str) -> Result<(u64, Vec<Offer>)> {
     let bad = |why: &str| TransferError::BadUrl { why: why.into() };
     let url = url.trim();
     if url.len() > MAX_URL {
@@ -86,6 +88,11 @@ pub(crate) fn parse(url: &str) -> Result<Vec<Offer>> {
     let body = &body[SCHEME.len()..];
     let mut parts = body.split('/');
     parts.next(); // the version, read above
+    let token = parts
+        .next()
+        .filter(|t| t.len() == 16)
+        .and_then(|t| u64::from_str_radix(t, 16).ok())
+        .ok_or_else(|| bad("its token is not 16 hex digits"))?;
     let mut offers = Vec::new();
     for part in parts {
         offers.push(parse_offer(part).map_err(|why| bad(&format!("offer {part:?}: {why}")))?);
@@ -93,7 +100,7 @@ pub(crate) fn parse(url: &str) -> Result<Vec<Offer>> {
     if offers.is_empty() {
         return Err(bad("it offers no transport"));
     }
-    Ok(offers)
+    Ok((token, offers))
 }
 
 fn parse_offer(s: &str) -> std::result::Result<Offer, String> {
@@ -145,18 +152,18 @@ mod tests {
 
     #[test]
     fn a_url_round_trips() {
-        let url = format(&offers());
+        let url = format(0xfeed, &offers());
         assert!(
-            url.starts_with("uct://v1/tcp:lo:7f000001:010203:/rc:"),
+            url.starts_with("uct://v1/000000000000feed/tcp:lo:7f000001:010203:/rc:"),
             "{url}"
         );
-        assert_eq!(parse(&url).unwrap(), offers());
-        assert_eq!(parse(&format!("  {url}\n")).unwrap(), offers());
+        assert_eq!(parse(&url).unwrap(), (0xfeed, offers()));
+        assert_eq!(parse(&format!("  {url}\n")).unwrap(), (0xfeed, offers()));
     }
 
     #[test]
     fn each_wrong_url_is_named() {
-        let url = format(&offers());
+        let url = format(7, &offers());
         let err = |s: &str| parse(s).unwrap_err();
         assert!(matches!(err("hello"), TransferError::BadUrl { .. }));
         assert!(matches!(err(""), TransferError::BadUrl { .. }));
@@ -189,14 +196,14 @@ mod tests {
         let edited = url.replacen("7f000001", "7f000002", 1);
         assert!(matches!(err(&edited), TransferError::TruncatedUrl { .. }));
         // Garbage with a valid check is still garbage.
-        let body = "uct://v1/tcp:lo:zz:00:";
+        let body = "uct://v1/0000000000000007/tcp:lo:zz:00:";
         let forged = format!("{body}#{}", check(body));
         assert!(
             matches!(err(&forged), TransferError::BadUrl { .. }),
             "{}",
             err(&forged)
         );
-        let body = "uct://v1";
+        let body = "uct://v1/0000000000000007";
         let empty = format!("{body}#{}", check(body));
         assert!(matches!(err(&empty), TransferError::BadUrl { .. }));
         assert!(matches!(

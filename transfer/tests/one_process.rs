@@ -199,3 +199,116 @@ fn a_transport_dropped_with_operations_pending_resolves_them() {
         drop(b);
     }
 }
+
+/// Memory allocated before connect belongs to the candidate that cannot
+/// register (posix); the others register its bytes by address. Writes
+/// queued behind a full transport keep the whole memory alive after the
+/// application dropped it and every future: they are posted later, from
+/// memory that still exists, and land.
+#[test]
+fn queued_writes_keep_their_memory_after_the_application_drops_it() {
+    let build = || {
+        uct_transfer::Transport::builder()
+            .progress(Progress::Manual)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    let (ua, ub) = (a.bind().unwrap(), b.bind().unwrap());
+    // Allocated before connect: registered with every candidate.
+    let src = Memory::alloc(&a, MemoryType::Host, 64).unwrap();
+    let dst = Memory::alloc(&b, MemoryType::Host, 64).unwrap();
+    a.connect(&ub).unwrap();
+    b.connect(&ua).unwrap();
+    assert_eq!(a.transport_name().as_deref(), Some("self"));
+    src.write_bytes(0, &[0x3c; 64]).unwrap();
+    let remote = RemoteBuffer::parse(&dst.remote_key()).unwrap();
+    // More than self's queue of immediates holds: the last ones wait.
+    let futs: Vec<_> = (0..1100u32)
+        .map(|i| a.write_tagged(&src.whole(), &remote, i))
+        .collect();
+    assert!(futs.iter().any(|f| !f.is_done()), "nothing was queued");
+    drop(futs);
+    drop(src);
+    let mut seen = 0u32;
+    let start = std::time::Instant::now();
+    while seen < 1100 {
+        a.progress();
+        b.progress();
+        while let Some(n) = poll_now(b.wait_for_write()) {
+            assert_eq!(n.unwrap().tag, seen);
+            seen += 1;
+        }
+        assert!(start.elapsed() < common::LIMIT, "{seen} of 1100 arrived");
+    }
+    let mut got = [0u8; 64];
+    dst.read_bytes(0, &mut got).unwrap();
+    assert_eq!(got, [0x3c; 64]);
+}
+
+/// The future's result if it is ready now (a wait that is not ready is
+/// dropped, which gives its place up).
+fn poll_now<F: std::future::Future>(fut: F) -> Option<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(fut).poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// A write larger than a piece is split; its notification comes once, by
+/// message, after all of it, with its whole length, also on transports
+/// whose single-piece writes notify by immediate (self); a write of one
+/// piece there still goes by immediate.
+#[test]
+fn a_write_split_in_pieces_notifies_once_after_all_of_it() {
+    for tl in TRANSPORTS {
+        let build = || {
+            let mut b = uct_transfer::Transport::builder()
+                .transport(tl)
+                .max_write_piece(8 << 10);
+            if tl == "tcp" {
+                b = b.device("lo");
+            }
+            b.build().unwrap()
+        };
+        let (a, b) = (build(), build());
+        let (ua, ub) = (a.bind().unwrap(), b.bind().unwrap());
+        a.connect(&ub).unwrap();
+        b.connect(&ua).unwrap();
+        let len = 64 << 10;
+        let src = Memory::alloc(&a, MemoryType::Host, len).unwrap();
+        let dst = Memory::alloc(&b, MemoryType::Host, len).unwrap();
+        let pattern: Vec<u8> = (0..len).map(|i| (i / 8192) as u8 + 1).collect();
+        src.write_bytes(0, &pattern).unwrap();
+        let remote = RemoteBuffer::parse(&dst.remote_key()).unwrap();
+        within("split", &[], a.write_tagged(&src.whole(), &remote, 5)).unwrap();
+        within(
+            "one piece",
+            &[],
+            a.write_tagged(
+                &src.view(0, 8 << 10).unwrap(),
+                &remote.slice(0, 8 << 10).unwrap(),
+                6,
+            ),
+        )
+        .unwrap();
+        let n = within("split's notification", &[], b.wait_for_write()).unwrap();
+        assert_eq!((n.tag, n.len), (5, len), "{tl}");
+        let n = within("one piece's notification", &[], b.wait_for_write()).unwrap();
+        assert_eq!((n.tag, n.len), (6, 8 << 10), "{tl}");
+        let mut got = vec![0u8; len];
+        dst.read_bytes(0, &mut got).unwrap();
+        assert_eq!(got, pattern, "{tl}");
+        let s = b.stats();
+        let want = if tl == "self" { (1, 1) } else { (0, 2) };
+        assert_eq!(
+            (
+                s.notifications_received_by_immediate,
+                s.notifications_received_by_message
+            ),
+            want,
+            "{tl}"
+        );
+    }
+}

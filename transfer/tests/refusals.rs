@@ -170,7 +170,7 @@ fn bad_keys_and_views_are_refused_by_name() {
         let gone = Memory::alloc(&b, MemoryType::Host, 4096).unwrap();
         let stale = RemoteBuffer::parse(&gone.remote_key()).unwrap();
         drop(gone);
-        let e = within("w", &[], a.write(&src.whole(), &stale, true));
+        let e = within("w", &[], a.write_tagged(&src.whole(), &stale, 7));
         assert!(
             matches!(
                 e,
@@ -178,8 +178,12 @@ fn bad_keys_and_views_are_refused_by_name() {
             ),
             "{tl}: a write through a stale key: {e:?}"
         );
-        // The connection still works after every refusal.
-        within("good write", &[], a.write(&src.whole(), &remote, false)).unwrap();
+        // The connection still works after every refusal, and the refused
+        // notified writes notified nothing: the next notification is the
+        // good write's.
+        within("good write", &[], a.write_tagged(&src.whole(), &remote, 8)).unwrap();
+        let n = within("the good write's notification", &[], b.wait_for_write()).unwrap();
+        assert_eq!(n.tag, 8, "{tl}: a refused write was notified");
     }
 }
 
@@ -189,4 +193,53 @@ fn forge_rights(key: &str, rights: Access) -> String {
     let mut fields: Vec<String> = body.split(':').map(String::from).collect();
     fields[4] = format!("{:x}", rights.bits());
     with_check(&fields.join(":"))
+}
+
+/// A process that reaches the receiver's iface but does not have its URL
+/// (so not its token) cannot notify it; zero-byte registrations are
+/// refused.
+#[test]
+fn notifications_without_the_receivers_token_are_dropped() {
+    for tl in ["posix", "tcp"] {
+        let (a, b) = pair(tl, Progress::Thread);
+        let url = b.bind().unwrap();
+        // The URL with another token (and a valid check): what a third
+        // party that knows the address but not the URL would send.
+        let body = url.rsplit_once('#').unwrap().0;
+        let mut parts: Vec<&str> = body.split('/').collect();
+        parts[3] = "00000000deadbeef";
+        let forged = with_check(&parts.join("/"));
+        let c = transport(tl, Progress::Thread);
+        c.bind().unwrap();
+        c.connect(&forged).unwrap();
+        let dst = Memory::alloc(&b, MemoryType::Host, 64).unwrap();
+        let remote = RemoteBuffer::parse(&dst.remote_key()).unwrap();
+        let from_c = Memory::alloc(&c, MemoryType::Host, 64).unwrap();
+        within(
+            "c's write",
+            &[],
+            c.write_tagged(&from_c.whole(), &remote, 666),
+        )
+        .unwrap();
+        let from_a = Memory::alloc(&a, MemoryType::Host, 64).unwrap();
+        within(
+            "a's write",
+            &[],
+            a.write_tagged(&from_a.whole(), &remote, 1),
+        )
+        .unwrap();
+        let n = within("a notification", &[], b.wait_for_write()).unwrap();
+        assert_eq!(n.tag, 1, "{tl}: a notification without the token was taken");
+        // SAFETY: zero bytes at a dangling, aligned pointer: nothing is
+        // read or written, and the registration is refused.
+        let e = unsafe {
+            Memory::register_raw(
+                &a,
+                std::ptr::NonNull::<u8>::dangling().as_ptr(),
+                0,
+                Access::all(),
+            )
+        };
+        assert!(matches!(e, Err(TransferError::Config(_))), "{tl}");
+    }
 }

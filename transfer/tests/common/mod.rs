@@ -1,7 +1,8 @@
 //! Helpers the transfer tests share: a connected pair in one process, the
 //! transports every test runs over, and a deadline for every wait.
 
-#![allow(dead_code)] // each test binary uses some of these
+// Each test binary uses some of these helpers, none uses all.
+#![allow(dead_code)]
 
 use std::future::Future;
 use std::time::{Duration, Instant};
