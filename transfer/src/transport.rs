@@ -464,7 +464,14 @@ impl Transport {
             });
             keep.push(view.memory().clone());
         }
-        let flush = flush || (eng.flush_each && built.iter().any(|p| p.dir == Dir::Write));
+        // Where a write completes when it has left (tcp), a flush says it
+        // landed: a notified write has its own (its notification waits for
+        // it), the others share the operation's.
+        let flush = flush
+            || (eng.flush_each
+                && built.iter().any(|p| {
+                    p.dir == Dir::Write && (p.tag.is_none() || eng.notify == NotifyPath::None)
+                }));
         let slot = Slot::new();
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         self.shared.ops.insert(id, slot.clone());
