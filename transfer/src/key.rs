@@ -8,7 +8,7 @@
 //! peer's transport checks every access against the registration anyway
 //! (a forged or stale key is refused there).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use uct_core::{Access, MemoryType, Registry, RemoteKey, RkeyBundle};
 
@@ -47,8 +47,11 @@ struct Key {
     mem_type: MemoryType,
     bundle: RkeyBundle,
     text: String,
-    /// Keys unpacked for a memory domain, by its name: a buffer is
-    /// typically written through one transport, over and over.
+    /// The key unpacked for the first memory domain that used it: a
+    /// buffer is typically written through one transport, over and over,
+    /// and this is read without a lock.
+    first: OnceLock<(String, Arc<RemoteKey>)>,
+    /// Keys unpacked for other memory domains, by name.
     unpacked: Mutex<Vec<(String, Arc<RemoteKey>)>>,
 }
 
@@ -125,6 +128,7 @@ impl RemoteBuffer {
                 mem_type,
                 bundle,
                 text: key.to_string(),
+                first: OnceLock::new(),
                 unpacked: Mutex::new(Vec::new()),
             }),
             offset: 0,
@@ -184,6 +188,11 @@ impl RemoteBuffer {
     /// packed, or, across hosts whose NICs have other names, the entry of
     /// the same component.
     pub(crate) fn rkey_for(&self, component: &str, md: &str) -> Result<Arc<RemoteKey>> {
+        if let Some((m, k)) = self.key.first.get() {
+            if m == md {
+                return Ok(k.clone());
+            }
+        }
         let mut cache = self.key.unpacked.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, k)) = cache.iter().find(|(m, _)| m == md) {
             return Ok(k.clone());
@@ -210,7 +219,9 @@ impl RemoteBuffer {
             comp.unpack_rkey(entry)
                 .map_err(|e| TransferError::BadKey { why: e.to_string() })?,
         );
-        cache.push((md.to_string(), rkey.clone()));
+        if self.key.first.set((md.to_string(), rkey.clone())).is_err() {
+            cache.push((md.to_string(), rkey.clone()));
+        }
         Ok(rkey)
     }
 }

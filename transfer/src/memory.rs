@@ -365,23 +365,25 @@ impl Memory {
     }
 
     /// The registration with memory domain `md`, and the offset of this
-    /// memory's first byte in it.
-    pub(crate) fn handle_for(&self, md: &str) -> Result<(&MemHandle, usize)> {
-        let reg = self
-            .inner
-            .regs
-            .iter()
-            .find(|r| r.md.name() == md)
-            .ok_or_else(|| TransferError::ForeignMemory {
-                registered: self
-                    .inner
-                    .regs
-                    .iter()
-                    .map(|r| r.md.name())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                ours: md.to_string(),
-            })?;
+    /// memory's first byte in it (compared by identity: this is on every
+    /// write's path).
+    pub(crate) fn handle_for(&self, md: &Arc<dyn MemoryDomain>) -> Result<(&MemHandle, usize)> {
+        let same = |r: &&Registration| std::ptr::addr_eq(Arc::as_ptr(&r.md), Arc::as_ptr(md));
+        let reg =
+            self.inner
+                .regs
+                .iter()
+                .find(same)
+                .ok_or_else(|| TransferError::ForeignMemory {
+                    registered: self
+                        .inner
+                        .regs
+                        .iter()
+                        .map(|r| r.md.name())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    ours: md.name().to_string(),
+                })?;
         Ok((&reg.handle, (self.inner.base - reg.handle.addr()) as usize))
     }
 }

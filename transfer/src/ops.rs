@@ -100,12 +100,24 @@ fn polled_again<T>() -> Result<T> {
     Err(TransferError::PolledAgain)
 }
 
-/// Where an operation's result lands.
-pub(crate) struct Slot(Mutex<Cell<Result<()>>>);
+/// Where an operation's result lands; `.1`: whether it was entered in the
+/// Transport's table of pending operations (most are not: they complete
+/// inside the post).
+pub(crate) struct Slot(Mutex<Cell<Result<()>>>, AtomicBool);
 
 impl Slot {
     pub(crate) fn new() -> Arc<Slot> {
-        Arc::new(Slot(Cell::new()))
+        Arc::new(Slot(Cell::new(), AtomicBool::new(false)))
+    }
+
+    /// Marks the slot as entered in the table.
+    pub(crate) fn set_tabled(&self) {
+        self.1.store(true, Ordering::Release);
+    }
+
+    /// Whether the slot was entered in the table.
+    pub(crate) fn tabled(&self) -> bool {
+        self.1.load(Ordering::Acquire)
     }
 
     /// Whether the operation has resolved.

@@ -452,7 +452,7 @@ impl Transport {
                     transport: eng.transport.clone(),
                 });
             }
-            let (mem, base) = view.memory().handle_for(&eng.md)?;
+            let (mem, base) = view.memory().handle_for(&eng.target.md)?;
             built.push(Part {
                 dir,
                 mem: mem.clone(),
@@ -474,7 +474,6 @@ impl Transport {
                 }));
         let slot = Slot::new();
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        self.shared.ops.insert(id, slot.clone());
         let in_flight = self.shared.in_flight.clone();
         in_flight.fetch_add(1, Ordering::AcqRel);
         let shared = Arc::downgrade(&self.shared);
@@ -486,7 +485,7 @@ impl Transport {
             drop(keep);
             let shared = shared.upgrade();
             let failure = shared.as_ref().and_then(|s| s.failure.get().cloned());
-            if let Some(s) = &shared {
+            if let Some(s) = shared.as_ref().filter(|_| done.tabled()) {
                 s.ops.remove(&id);
             }
             in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -496,6 +495,13 @@ impl Transport {
             });
         });
         eng.submit(Op::new(built, flush, comp), &self.shared.counters);
+        // Into the table only if still pending: most operations over shared
+        // memory complete inside the post. Still under the lock, so its
+        // completion (from progress) cannot run before the insert.
+        if !slot.is_done() {
+            slot.set_tabled();
+            self.shared.ops.insert(id, slot.clone());
+        }
         // Operations left queued need progress to be posted, even if
         // nobody awaits them; the others nudge it when awaited.
         let queued = eng.has_queued();
