@@ -263,19 +263,7 @@ fn poll_now<F: std::future::Future>(fut: F) -> Option<F::Output> {
 #[test]
 fn a_write_split_in_pieces_notifies_once_after_all_of_it() {
     for tl in TRANSPORTS {
-        let build = || {
-            let mut b = uct_transfer::Transport::builder()
-                .transport(tl)
-                .max_write_piece(8 << 10);
-            if tl == "tcp" {
-                b = b.device("lo");
-            }
-            b.build().unwrap()
-        };
-        let (a, b) = (build(), build());
-        let (ua, ub) = (a.bind().unwrap(), b.bind().unwrap());
-        a.connect(&ub).unwrap();
-        b.connect(&ua).unwrap();
+        let (a, b) = common::pair_with(tl, |b| b.max_write_piece(8 << 10));
         let len = 64 << 10;
         let src = Memory::alloc(&a, MemoryType::Host, len).unwrap();
         let dst = Memory::alloc(&b, MemoryType::Host, len).unwrap();

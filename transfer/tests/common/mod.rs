@@ -61,10 +61,14 @@ pub fn within<F: Future>(what: &str, drive: &[&Transport], fut: F) -> F::Output 
     }
 }
 
-/// A pair with a depth of `depth` operations in flight.
-pub fn pair_with_depth(tl: &str, depth: usize) -> (Transport, Transport) {
+/// Two Transports over `tl` (tcp on loopback) with the builder settings
+/// `tweak` adds, bound and connected to each other.
+pub fn pair_with(
+    tl: &str,
+    tweak: impl Fn(uct_transfer::Builder) -> uct_transfer::Builder,
+) -> (Transport, Transport) {
     let build = || {
-        let mut b = Transport::builder().transport(tl).max_in_flight(depth);
+        let mut b = tweak(Transport::builder().transport(tl));
         if tl == "tcp" {
             b = b.device("lo");
         }
@@ -75,6 +79,11 @@ pub fn pair_with_depth(tl: &str, depth: usize) -> (Transport, Transport) {
     a.connect(&ub).unwrap();
     b.connect(&ua).unwrap();
     (a, b)
+}
+
+/// A pair with a depth of `depth` operations in flight.
+pub fn pair_with_depth(tl: &str, depth: usize) -> (Transport, Transport) {
+    pair_with(tl, |b| b.max_in_flight(depth))
 }
 
 /// The byte write `i` of the ordering tests fills its slot with: never 0,
