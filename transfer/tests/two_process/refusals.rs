@@ -1,8 +1,11 @@
 //! Bad URLs, keys and views across processes, each refused by name; a
 //! refused notified write is never notified.
 //!
-//! On rc the peer's NIC, not software, checks a key that claims rights
-//! the memory lacks, or names memory deregistered since: it answers with
+//! On rc the writer's transport first checks the rights its IB entry of
+//! the key carries (a key forged in its header only is refused before it
+//! is posted, AccessDenied). Past that, the peer's NIC, not software,
+//! checks a key that claims rights the memory lacks (its IB entry forged
+//! too), or names memory deregistered since: it answers with
 //! a remote access error, which (as InfiniBand specifies for RC) moves
 //! our QP, and the peer's, to the error state. The write ends with an
 //! error that names the remote access error, the connection is failed on
@@ -14,6 +17,8 @@
 use std::time::Instant;
 
 use libtest_mimic::Failed;
+use md_ib::IbRkey;
+use uct_core::rkey::{decode_payload, encode_payload, RkeyBundle};
 use uct_core::UctError;
 use uct_transfer::{Access, RemoteBuffer, TransferError};
 
@@ -198,12 +203,36 @@ pub fn keys_views_and_slices(tl: &str) -> Result<(), Failed> {
     Ok(())
 }
 
-/// `key` with its rights field replaced and a valid check.
-fn forge_rights(key: &str, rights: Access) -> String {
-    let body = key.rsplit_once('#').unwrap().0;
+/// `key` with its rights field replaced and a valid check; with `ib` also
+/// the rights of its IB entry (md-ib's `IbRkey`, which rc checks before it
+/// posts), so that an rc write reaches the peer's NIC.
+fn forge_rights(key: &str, rights: Access, ib: bool) -> Result<String, Failed> {
+    let body = key.rsplit_once('#').ok_or("a key with no check")?.0;
     let mut fields: Vec<String> = body.split(':').map(String::from).collect();
     fields[4] = format!("{:x}", rights.bits());
-    with_check(&fields.join(":"))
+    if ib {
+        let bytes = unhex(&fields[6]).ok_or("a bundle that is not hex")?;
+        let old = RkeyBundle::unpack(&bytes)?;
+        let mut bundle = RkeyBundle::new();
+        for entry in old.entries() {
+            let mut entry = entry.clone();
+            if entry.component == "ib" {
+                let mut ib: IbRkey = decode_payload(&entry.payload)?;
+                ib.access = rights;
+                entry.payload = encode_payload(&ib)?;
+            }
+            bundle.push(entry)?;
+        }
+        fields[6] = bundle.pack()?.iter().map(|b| format!("{b:02x}")).collect();
+    }
+    Ok(with_check(&fields.join(":")))
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 /// Checks what a notified write the peer's side refused ended with
@@ -254,14 +283,33 @@ fn refused_by_the_peer(
 }
 
 /// The peer's read-only memory through its key forged to claim write
-/// rights: refused by the peer's transport, the bytes unchanged.
+/// rights: refused by the peer's transport (on rc its NIC), the bytes
+/// unchanged. On rc a key forged in its header only is refused before
+/// the write is posted: its IB entry carries the rights too.
 pub fn forged_key(tl: &str) -> Result<(), Failed> {
     let mut s = Served::connected(tl)?;
-    let forged = RemoteBuffer::parse(&forge_rights(&s.hello.rokey, Access::all()))?;
-    assert!(forged.access().contains(Access::REMOTE_WRITE));
     s.mem.write_bytes(0, &[0x77; RO_LEN])?;
-    let w = s.t.write_tagged(&s.mem.view(0, RO_LEN)?, &forged, 3);
-    let got = within("a write through a forged key", &[], w);
+    let src = s.mem.view(0, RO_LEN)?;
+    if tl == "rc" {
+        let forged = RemoteBuffer::parse(&forge_rights(&s.hello.rokey, Access::all(), false)?)?;
+        let e = within(
+            "a write through a forged key",
+            &[],
+            s.t.write_tagged(&src, &forged, 3),
+        );
+        assert!(
+            matches!(e, Err(TransferError::Uct(UctError::AccessDenied { .. }))),
+            "rc: a write through a key forged in its header only: {e:?}"
+        );
+        assert!(s.t.connected());
+    }
+    let forged = RemoteBuffer::parse(&forge_rights(&s.hello.rokey, Access::all(), true)?)?;
+    assert!(forged.access().contains(Access::REMOTE_WRITE));
+    let got = within(
+        "a write through a forged key",
+        &[],
+        s.t.write_tagged(&src, &forged, 3),
+    );
     s.peer.ask("check-ro", "ok")?;
     refused_by_the_peer(
         tl,
