@@ -1,7 +1,9 @@
 //! transfer-bench as a user runs it: JSON with bytes per second over posix
 //! and tcp, validation that passes and that catches a corrupted write, two
 //! processes over tcp, a mismatch refused, Gaudi memory refused at
-//! registration, and a dead receiver that ends the run with an error.
+//! registration, and a dead receiver that ends the run with an error; and
+//! the same with a window of writes in flight (`-O N`), in one process and
+//! in two.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
@@ -245,4 +247,147 @@ fn a_receiver_killed_mid_run_ends_the_run_with_an_error() {
     let mut err = String::new();
     std::io::Read::read_to_string(client.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert!(err.contains("transfer-bench:"), "{err}");
+}
+
+#[test]
+fn a_window_of_writes_in_one_process() {
+    for tl in ["posix", "tcp"] {
+        let output = run(&[
+            "-t", tl, "-s", "8k,1M", "-O", "8", "-n", "200", "--format", "json",
+        ]);
+        let doc = results(&output, &[8192, 1 << 20]);
+        assert_eq!(doc["header"]["outstanding"], 8, "{doc}");
+        assert_eq!(doc["header"]["mode"], "one process", "{doc}");
+        assert!(
+            doc["header"]["real_time"]
+                .as_str()
+                .unwrap()
+                .contains("elapsed time / writes"),
+            "{doc}"
+        );
+        for row in doc["results"].as_array().unwrap() {
+            assert_eq!(row["iterations"], 200, "{row}");
+        }
+    }
+}
+
+#[test]
+fn a_validated_window_in_one_process_with_either_progress() {
+    for tl in ["posix", "tcp"] {
+        for progress in ["manual", "thread"] {
+            let output = run(&[
+                "-t",
+                tl,
+                "-s",
+                "8k,256k",
+                "-O",
+                "16",
+                "-n",
+                "100",
+                "--validate",
+                "--progress",
+                progress,
+                "--format",
+                "json",
+            ]);
+            let doc = results(&output, &[8192, 256 << 10]);
+            assert_eq!(doc["header"]["validate"], true);
+            assert_eq!(doc["header"]["outstanding"], 16);
+        }
+    }
+}
+
+#[test]
+fn a_validated_window_catches_a_corrupted_write_in_one_process() {
+    let output = run(&[
+        "-t",
+        "tcp",
+        "-s",
+        "8k",
+        "-O",
+        "8",
+        "-n",
+        "40",
+        "-w",
+        "5",
+        "--validate",
+        "--inject-corruption",
+        "21",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let err = text(&output.stderr);
+    assert!(
+        err.contains("validation FAILED at size 8192, iteration 21"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_window_of_writes_in_two_processes() {
+    // posix without validation (every write to one slot), tcp with (a slot
+    // per write in flight, each answered once checked).
+    for (tl, validate) in [("posix", false), ("tcp", true)] {
+        let port = free_port();
+        let common = ["-t", tl, "-p", &port, "-s", "8k,1M"];
+        let mut server = listen(&common, Stdio::piped());
+        let mut args = vec!["127.0.0.1"];
+        args.extend(common);
+        args.extend(["-O", "32", "-n", "100", "--format", "json"]);
+        if validate {
+            args.push("--validate");
+        }
+        let output = run(&args);
+        let st = exit_within(&mut server, Duration::from_secs(30));
+        let doc = results(&output, &[8192, 1 << 20]);
+        assert!(st.is_some_and(|s| s.success()), "the {tl} receiver failed");
+        assert_eq!(doc["header"]["mode"], "two processes", "{doc}");
+        assert_eq!(doc["header"]["outstanding"], 32, "{doc}");
+        assert_eq!(doc["header"]["validate"], validate, "{doc}");
+    }
+}
+
+#[test]
+fn a_validated_window_catches_a_corrupted_write_in_the_other_process() {
+    let port = free_port();
+    let common = ["-t", "tcp", "-d", "lo", "-p", &port, "-s", "64k"];
+    let mut server = listen(&common, Stdio::null());
+    let mut args = vec!["127.0.0.1"];
+    args.extend(common);
+    args.extend([
+        "-O",
+        "8",
+        "-n",
+        "40",
+        "-w",
+        "5",
+        "--validate",
+        "--inject-corruption",
+        "30",
+    ]);
+    let output = run(&args);
+    let _ = exit_within(&mut server, Duration::from_secs(30));
+    assert_eq!(output.status.code(), Some(1));
+    let err = text(&output.stderr);
+    assert!(
+        err.contains("validation FAILED at size 65536, iteration 30"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_window_out_of_range_is_refused() {
+    let output = run(&["-t", "posix", "-s", "8k", "-O", "0"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("-O 0 asked"),
+        "{}",
+        text(&output.stderr)
+    );
+    let output = run(&["-t", "posix", "-s", "64M", "-O", "32", "--validate"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("fewer writes in flight"),
+        "{}",
+        text(&output.stderr)
+    );
 }

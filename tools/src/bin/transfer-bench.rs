@@ -22,6 +22,8 @@ use uct_transfer::{Memory, MemoryType, Progress, RemoteBuffer, Transport};
 
 const ONE_PROCESS_TIME: &str = "from the post of a notified write to the receiver's wait_for_write resolving (and the write's own future, so that the view may be reused), one write at a time";
 const TWO_PROCESS_TIME: &str = "the round trip of a notified write and the receiver's zero-length notified answer, less the answer's one-way time (half the median round trip of a zero-length write and its answer, measured right after each write)";
+const ONE_PROCESS_WINDOW: &str = "the measured loop's elapsed time / writes, with -O notified writes posted (before each new post the oldest is retired: the receiver's wait_for_write for it, then its own future)";
+const TWO_PROCESS_WINDOW: &str = "elapsed time / writes, from the first post to the receiver's zero-length notified answer to the last write (a write posted whenever fewer than -O writes' futures are pending; the receiver waits for every notification), less the answer's one-way time (half the median of 15 zero-length round trips made right after)";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -29,8 +31,9 @@ const TWO_PROCESS_TIME: &str = "the round trip of a notified write and the recei
     version,
     about = "Measure notified writes of the uct-rs transfer API (uct-transfer), as seed 004's BM_RdmaTransport_Write",
     after_help = "Modes:\n  transfer-bench -t posix                  both sides in this process, driven by one thread\n  transfer-bench --listen -t tcp           receiver: waits for one sender on -p PORT\n  transfer-bench 127.0.0.1 -t tcp          sender: measures against that receiver\n\n\
-What is measured, one notified write at a time (write_tagged, then wait_for_write):\n  real time   One process: from the post of the write to the receiver's\n              wait_for_write resolving (the write's own future too).\n              Two processes: the sender cannot see the receiver's clock, so the\n              receiver answers every notification with a zero-length notified\n              write; the real time is that round trip less the answer's one-way\n              time, which is half the median round trip of a zero-length write and its\n              answer, measured right after each write (the same operation\n              both ways, under the same conditions).\n  CPU time    Process CPU time over the measured loop / iterations (the sending\n              process in two processes). With manual progress the measuring\n              thread polls, so CPU time is close to real time.\n  bytes/s     size / real time.\n  --validate  The sender fills each write with a pattern of its iteration, the\n              receiver checks every byte after the notification; filling and\n              checking are not timed.\n\n\
-Examples:\n  transfer-bench -t posix -s 1M --format json\n  transfer-bench -t tcp -d lo -s 8k,64k,1M -n 2000\n  transfer-bench -t posix -s 8k:4M --validate\n  transfer-bench -t rc -d mlx5_0:1 -m gaudi"
+What is measured, one notified write at a time (write_tagged, then wait_for_write; -O 1):\n  real time   One process: from the post of the write to the receiver's\n              wait_for_write resolving (the write's own future too).\n              Two processes: the sender cannot see the receiver's clock, so the\n              receiver answers every notification with a zero-length notified\n              write; the real time is that round trip less the answer's one-way\n              time, which is half the median round trip of a zero-length write and its\n              answer, measured right after each write (the same operation\n              both ways, under the same conditions).\n  CPU time    Process CPU time over the measured loop / iterations (the sending\n              process in two processes). With manual progress the measuring\n              thread polls, so CPU time is close to real time.\n  bytes/s     size / real time.\n  --validate  The sender fills each write with a pattern of its iteration, the\n              receiver checks every byte after the notification; filling and\n              checking are not timed.\n\n\
+With -O N (N > 1), N notified writes in flight:\n  real time   Elapsed time / writes. One process: the loop keeps N writes\n              posted; before each new post it retires the oldest (the\n              receiver's wait_for_write for it, then its future). Two\n              processes: the sender posts whenever fewer than N write futures\n              are pending, the receiver waits for every notification and\n              answers the last one with a zero-length notified write; the\n              time runs from the first post to that answer, less half the\n              median of 15 zero-length round trips made right after.\n  bytes/s     size / real time (N writes overlap: compare with perftest\n              put_bw -O N).\n  --validate  One slot per write in flight on each side; a slot is refilled\n              only once the receiver checked it (in two processes the\n              receiver answers every write). Filling and checking are taken\n              off the time, which is then only indicative.\n\n\
+Examples:\n  transfer-bench -t posix -s 1M --format json\n  transfer-bench -t tcp -d lo -s 8k,64k,1M -n 2000\n  transfer-bench -t posix -s 8k:4M --validate\n  transfer-bench -t tcp -d lo -s 1M,4M,16M -O 32\n  transfer-bench -t rc -d mlx5_0:1 -m gaudi"
 )]
 struct Args {
     /// Receiver to connect to; without it, and without --listen, both sides
@@ -73,6 +76,16 @@ struct Args {
         default_value = "8k:256M"
     )]
     sizes: String,
+
+    /// Notified writes in flight (1: one at a time, the seed's loop; the
+    /// sender's choice, which the receiver takes).
+    #[arg(
+        short = 'O',
+        long = "outstanding",
+        value_name = "N",
+        default_value_t = 1
+    )]
+    outstanding: usize,
 
     /// Measured iterations per size (default: enough for --min-time, at
     /// least 10; at most 200 with --validate).
@@ -136,6 +149,7 @@ fn params_from(args: &Args) -> Result<BenchParams> {
         mem: args.mem.clone(),
         sizes,
         validate: args.validate,
+        outstanding: args.outstanding,
     };
     params.check().map_err(usage)?;
     Ok(params)
@@ -161,6 +175,7 @@ fn plan_from(args: &Args) -> Result<Plan> {
         warmup: args.warmup,
         min_time: Duration::from_secs_f64(args.min_time),
         validate: args.validate,
+        outstanding: args.outstanding,
     })
 }
 
@@ -186,6 +201,8 @@ fn build(params: &BenchParams, progress: ProgressMode) -> Result<Transport> {
     let mut b = Transport::builder()
         .transport(&params.transport)
         .memory_types(&types)
+        // -O writes, and a receiver's answer, never wait for room.
+        .max_in_flight(uct_transfer::DEFAULT_DEPTH.max(params.outstanding + 1))
         .progress(match progress {
             ProgressMode::Manual => Progress::Manual,
             ProgressMode::Thread => Progress::Thread,
@@ -258,10 +275,12 @@ fn header(params: &BenchParams, t: &Transport, progress: ProgressMode, two: bool
         progress: progress.name(),
         mode: if two { "two processes" } else { "one process" },
         validate: params.validate,
-        real_time: if two {
-            TWO_PROCESS_TIME
-        } else {
-            ONE_PROCESS_TIME
+        outstanding: params.outstanding,
+        real_time: match (two, params.outstanding > 1) {
+            (false, false) => ONE_PROCESS_TIME,
+            (true, false) => TWO_PROCESS_TIME,
+            (false, true) => ONE_PROCESS_WINDOW,
+            (true, true) => TWO_PROCESS_WINDOW,
         },
     }
 }
@@ -310,6 +329,7 @@ fn loopback(
         src,
         dst,
         remote,
+        outstanding: params.outstanding,
     };
     let h = header(params, &lb.tx, progress, false);
     out.header(&h);

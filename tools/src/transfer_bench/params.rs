@@ -45,6 +45,9 @@ pub struct BenchParams {
     pub mem: String,
     pub sizes: Vec<usize>,
     pub validate: bool,
+    /// `-O`: notified writes in flight (1: one at a time, the seed's
+    /// loop). The client's choice; the server takes it.
+    pub outstanding: usize,
 }
 
 /// Most sizes in one run, as perftest.
@@ -55,6 +58,14 @@ pub const MAX_SIZE: usize = 1 << 34;
 
 /// Most iterations of one phase (a sanity bound on peer input too).
 pub const MAX_ITERS: u64 = 100_000_000;
+
+/// Most notified writes in flight (`-O`).
+pub const MAX_OUTSTANDING: usize = 4096;
+
+/// With `--validate` and `-O N` each side keeps N slots of the largest
+/// size (a write's slot is reused only once the receiver checked it): at
+/// most this many bytes.
+pub const MAX_VALIDATE_BUFFER: usize = 1 << 30;
 
 impl BenchParams {
     /// The memory type asked.
@@ -76,6 +87,12 @@ impl BenchParams {
                 crate::text::size(MAX_SIZE as u64)
             ));
         }
+        if self.outstanding == 0 || self.outstanding > MAX_OUTSTANDING {
+            return Err(format!(
+                "-O {} asked; use 1 to {MAX_OUTSTANDING} writes in flight",
+                self.outstanding
+            ));
+        }
         let mem_type = self.mem_type()?;
         if !matches!(mem_type, MemoryType::Host | MemoryType::Gaudi) {
             return Err(format!(
@@ -88,12 +105,35 @@ impl BenchParams {
                 "--validate reads the received bytes with the CPU, which cannot read {mem_type} memory; run -m {mem_type} without --validate, or validate with -m host"
             ));
         }
+        let max = self.sizes.iter().copied().max().unwrap_or(1);
+        if self.slots() > 1 && max.saturating_mul(self.slots()) > MAX_VALIDATE_BUFFER {
+            return Err(format!(
+                "--validate with -O {} keeps {} slots of the largest size ({}) on each side, more than {}; validate smaller sizes or fewer writes in flight",
+                self.outstanding,
+                self.slots(),
+                crate::text::size(max as u64),
+                crate::text::size(MAX_VALIDATE_BUFFER as u64)
+            ));
+        }
         Ok(())
     }
 
-    /// The length of each side's buffer: the largest size.
+    /// How many writes' places each buffer has: one, where every write
+    /// goes (as perftest's put_bw), or with `--validate` one per write in
+    /// flight, so that no write overwrites bytes not yet checked.
+    pub fn slots(&self) -> usize {
+        if self.validate {
+            self.outstanding.max(1)
+        } else {
+            1
+        }
+    }
+
+    /// The length of each side's buffer: the largest size, times
+    /// [`slots`](Self::slots).
     pub fn buffer_len(&self) -> usize {
-        self.sizes.iter().copied().max().unwrap_or(1).max(1)
+        let max = self.sizes.iter().copied().max().unwrap_or(1).max(1);
+        max.saturating_mul(self.slots())
     }
 
     /// Why the server (`self`) cannot run what the client proposes.
@@ -153,6 +193,8 @@ pub struct Plan {
     /// `--min-time`: how long the measured loop of a size should last.
     pub min_time: Duration,
     pub validate: bool,
+    /// `-O`: writes in flight.
+    pub outstanding: usize,
 }
 
 /// Fewest measured iterations when they are chosen.
@@ -164,11 +206,14 @@ const VALIDATE_ITERS: u64 = 200;
 
 impl Plan {
     /// Warm-up iterations: as given, or enough to move about 32 MiB (at
-    /// least 2, at most 2,000), which brings the pages in and lets the
-    /// measured count be estimated.
+    /// least 2, at most 2,000, and at least two windows of `-O` writes),
+    /// which brings the pages in and lets the measured count be estimated.
     pub fn warmup_for(&self, size: usize) -> u64 {
-        self.warmup
-            .unwrap_or_else(|| ((32u64 << 20) / size.max(1) as u64).clamp(2, 2_000))
+        self.warmup.unwrap_or_else(|| {
+            ((32u64 << 20) / size.max(1) as u64)
+                .clamp(2, 2_000)
+                .max(2 * self.outstanding as u64)
+        })
     }
 
     /// Measured iterations: as given, or enough to last `min_time` at the
@@ -180,7 +225,7 @@ impl Plan {
         }
         let per = warmup_per_iter.as_secs_f64().max(1e-9);
         let n = (self.min_time.as_secs_f64() / per).ceil() as u64;
-        let n = n.clamp(MIN_ITERS, MAX_ITERS);
+        let n = n.clamp(MIN_ITERS.max(2 * self.outstanding as u64), MAX_ITERS);
         if self.validate {
             n.min(VALIDATE_ITERS)
         } else {
@@ -201,6 +246,7 @@ mod tests {
             mem: "host".into(),
             sizes: vec![8192, 1 << 20],
             validate: false,
+            outstanding: 1,
         }
     }
 
@@ -251,6 +297,35 @@ mod tests {
             ..params()
         };
         assert!(p.check().is_err());
+        let p = BenchParams {
+            outstanding: 0,
+            ..params()
+        };
+        assert!(p.check().unwrap_err().contains("-O 0"));
+    }
+
+    #[test]
+    fn validating_a_window_keeps_a_slot_per_write_in_flight() {
+        let p = BenchParams {
+            outstanding: 32,
+            ..params()
+        };
+        assert_eq!((p.slots(), p.buffer_len()), (1, 1 << 20));
+        let p = BenchParams {
+            validate: true,
+            ..p
+        };
+        assert_eq!((p.slots(), p.buffer_len()), (32, 32 << 20));
+        assert!(p.check().is_ok());
+        let p = BenchParams {
+            sizes: vec![64 << 20],
+            ..p
+        };
+        let why = p.check().unwrap_err();
+        assert!(
+            why.contains("32 slots") && why.contains("fewer writes in flight"),
+            "{why}"
+        );
     }
 
     #[test]
@@ -260,6 +335,7 @@ mod tests {
             warmup: None,
             min_time: Duration::from_millis(500),
             validate: false,
+            outstanding: 1,
         };
         assert_eq!(plan.iters_for(Duration::from_micros(5)), 100_000);
         assert_eq!(plan.iters_for(Duration::from_secs(1)), MIN_ITERS);
@@ -279,5 +355,11 @@ mod tests {
             validating.iters_for(Duration::from_micros(5)),
             VALIDATE_ITERS
         );
+        let window = Plan {
+            outstanding: 32,
+            ..plan
+        };
+        assert_eq!(window.warmup_for(256 << 20), 64);
+        assert_eq!(window.iters_for(Duration::from_secs(1)), 64);
     }
 }

@@ -48,6 +48,8 @@ pub struct Header {
     /// "one process" or "two processes".
     pub mode: &'static str,
     pub validate: bool,
+    /// `-O`: notified writes in flight.
+    pub outstanding: usize,
     /// How real_time_us is measured in this mode.
     pub real_time: &'static str,
 }
@@ -96,13 +98,18 @@ pub fn rate(bps: f64) -> String {
 
 pub fn table_header(h: &Header) -> String {
     format!(
-        "# transfer-bench {}: notified writes over {}{}, {} memory, {} progress, {}{}\n# real time: {}\n{RULE}\n{:<46}{:>13}{:>15}{:>13}\n{RULE}",
+        "# transfer-bench {}: notified writes over {}{}, {} memory, {} progress, {}, {}{}\n# real time: {}\n{RULE}\n{:<46}{:>13}{:>15}{:>13}\n{RULE}",
         h.version,
         h.transport,
         h.device.as_deref().map(|d| format!("/{d}")).unwrap_or_default(),
         h.mem_type,
         h.progress,
         h.mode,
+        if h.outstanding > 1 {
+            format!("{} in flight", h.outstanding)
+        } else {
+            "one at a time".to_string()
+        },
         if h.validate { ", validating every byte" } else { "" },
         h.real_time,
         "Benchmark",

@@ -1,19 +1,27 @@
 //! The measured loops: one notified write at a time, each timed from its
-//! post to the receiver's notification.
+//! post to the receiver's notification, or (`-O N`) N writes in flight,
+//! timed as a whole.
 //!
 //! - One process ([`loopback_phase`]): the measuring thread posts the write
 //!   and drives both Transports until the receiver's `wait_for_write`
 //!   resolves (and the write's own future, so that the view may be reused).
+//!   With `-O N` it keeps N writes posted: the oldest is retired (the
+//!   receiver's wait for it, then its future) before the next is posted.
 //! - Two processes ([`client_phase`], [`serve`]): the receiver answers each
 //!   notification with a zero-length notified write; the client times the
 //!   round trip and takes the answer's one-way time off it (half the round
-//!   trip of a zero-length write, measured interleaved).
+//!   trip of a zero-length write, measured interleaved). With `-O N` the
+//!   client posts a write whenever fewer than N of its futures are
+//!   pending, the receiver waits for every notification and answers the
+//!   last one; the time runs from the first post to that answer, less
+//!   half a zero-length round trip measured after the phase.
 //!
 //! With validation the sender fills the view with the iteration's pattern
 //! before posting and the receiver checks every byte after the
 //! notification; both are outside the timed part (in two processes the
 //! receiver measures its checks and the client takes them off).
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -22,7 +30,7 @@ use uct_transfer::{Memory, Notification, RemoteBuffer, Transport, View};
 
 use super::drive::{process_cpu, Driver};
 use super::error::{BenchError, Result};
-use super::params::{Plan, MAX_ITERS};
+use super::params::{Plan, MAX_ITERS, MAX_OUTSTANDING};
 use crate::perf::pattern::{check_pattern, pattern_into};
 
 /// What one phase of a size produced.
@@ -56,8 +64,16 @@ pub struct Checks {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Ctl {
     /// The client will send `iters` notified writes of `size` bytes,
-    /// tagged with the low 32 bits of `first`, `first + 1`, ...
-    Phase { size: u64, iters: u64, first: u64 },
+    /// tagged with the low 32 bits of `first`, `first + 1`, ..., with
+    /// `outstanding` in flight (1: each followed by a zero-length one, both
+    /// answered; more: the last one answered, or each one when validating,
+    /// then [`ZERO_RTTS`] zero-length ones, each answered).
+    Phase {
+        size: u64,
+        iters: u64,
+        first: u64,
+        outstanding: u64,
+    },
     /// The server received them all: the first bad one, and how long its
     /// checks took.
     Done {
@@ -119,21 +135,87 @@ impl Timer {
     }
 }
 
-/// Fills `src`'s first `size` bytes with iteration `it`'s pattern.
-fn fill(src: &Memory, size: usize, it: u64, checks: &Checks, buf: &mut Vec<u8>) -> Result<()> {
+/// Fills `size` bytes of `src` at `offset` with iteration `it`'s pattern.
+fn fill(
+    src: &Memory,
+    offset: usize,
+    size: usize,
+    it: u64,
+    checks: &Checks,
+    buf: &mut Vec<u8>,
+) -> Result<()> {
     buf.resize(size, 0);
     pattern_into(buf, it);
     if checks.inject == Some(it) && size > 0 {
         buf[size / 2] ^= 0x5a;
     }
-    Ok(src.write_bytes(0, buf)?)
+    Ok(src.write_bytes(offset, buf)?)
 }
 
-/// Why `dst`'s first `size` bytes are not iteration `it`'s pattern.
-fn check(dst: &Memory, size: usize, it: u64, buf: &mut Vec<u8>) -> Result<Option<String>> {
+/// Why the `size` bytes of `dst` at `offset` are not iteration `it`'s
+/// pattern.
+fn check(
+    dst: &Memory,
+    offset: usize,
+    size: usize,
+    it: u64,
+    buf: &mut Vec<u8>,
+) -> Result<Option<String>> {
     buf.resize(size, 0);
-    dst.read_bytes(0, buf)?;
+    dst.read_bytes(offset, buf)?;
     Ok(check_pattern(buf, size, it))
+}
+
+/// The places of a windowed run's writes: with validation one slot per
+/// write in flight (a slot is refilled only once its last write was
+/// checked), else one slot that every write uses (as perftest's put_bw).
+struct Slots {
+    size: usize,
+    views: Vec<View>,
+    remotes: Vec<RemoteBuffer>,
+}
+
+impl Slots {
+    fn new(src: &Memory, remote: &RemoteBuffer, size: usize, n: usize) -> Result<Slots> {
+        let mut slots = Slots {
+            size,
+            views: Vec::with_capacity(n),
+            remotes: Vec::with_capacity(n),
+        };
+        for i in 0..n.max(1) {
+            slots.views.push(src.view(i * size, size)?);
+            slots.remotes.push(remote.slice(i * size, size)?);
+        }
+        Ok(slots)
+    }
+
+    /// Iteration `it`'s slot: its index and its byte offset.
+    fn of(&self, it: u64) -> (usize, usize) {
+        let i = (it % self.views.len() as u64) as usize;
+        (i, i * self.size)
+    }
+}
+
+/// Time spent on validation inside a timed loop, taken off its result.
+#[derive(Default)]
+struct Untimed {
+    real: Duration,
+    cpu: Duration,
+}
+
+impl Untimed {
+    fn time<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        let (t, c) = (Instant::now(), process_cpu());
+        let v = f();
+        self.real += t.elapsed();
+        self.cpu += process_cpu().saturating_sub(c);
+        v
+    }
+
+    fn take_off(&self, m: &mut Measurement) {
+        m.real = m.real.saturating_sub(self.real);
+        m.cpu = m.cpu.saturating_sub(self.cpu);
+    }
 }
 
 /// A notification that is not the one expected: the peer is not running
@@ -156,6 +238,8 @@ pub struct Loopback {
     pub dst: Memory,
     /// `dst` as the sender sees it.
     pub remote: RemoteBuffer,
+    /// `-O`: writes in flight.
+    pub outstanding: usize,
 }
 
 /// `iters` notified writes of `size` bytes in one process.
@@ -167,13 +251,16 @@ pub fn loopback_phase(
     first: u64,
     checks: &Checks,
 ) -> Result<Measurement> {
+    if lb.outstanding > 1 {
+        return loopback_window(lb, driver, size, iters, first, checks);
+    }
     let view = lb.src.view(0, size)?;
     let remote = lb.remote.slice(0, size)?;
     let mut buf = Vec::new();
     let mut timer = Timer::new(checks.validate);
     for it in first..first + iters {
         if checks.validate {
-            fill(&lb.src, size, it, checks, &mut buf)?;
+            fill(&lb.src, 0, size, it, checks, &mut buf)?;
         }
         timer.start();
         let tag = it as u32;
@@ -183,7 +270,7 @@ pub fn loopback_phase(
         timer.stop();
         expect(note, size, tag, "the")?;
         if checks.validate {
-            if let Some(detail) = check(&lb.dst, size, it, &mut buf)? {
+            if let Some(detail) = check(&lb.dst, 0, size, it, &mut buf)? {
                 return Err(BenchError::Validation {
                     size,
                     iter: it,
@@ -195,6 +282,69 @@ pub fn loopback_phase(
     Ok(timer.finish(size, iters))
 }
 
+/// `iters` notified writes of `size` bytes in one process, `-O` of them in
+/// flight: before each post past the first `-O`, the oldest write is
+/// retired (the receiver's wait for its notification, its check when
+/// validating, then its own future). The time is the whole loop's, less
+/// the validation's filling and checking.
+fn loopback_window(
+    lb: &Loopback,
+    driver: &Driver<'_>,
+    size: usize,
+    iters: u64,
+    first: u64,
+    checks: &Checks,
+) -> Result<Measurement> {
+    let depth = lb.outstanding;
+    let slots = Slots::new(
+        &lb.src,
+        &lb.remote,
+        size,
+        if checks.validate { depth } else { 1 },
+    )?;
+    let mut buf = Vec::new();
+    let mut untimed = Untimed::default();
+    let mut pending = VecDeque::with_capacity(depth);
+    let retire = |it: u64, wrote, untimed: &mut Untimed, buf: &mut Vec<u8>| -> Result<()> {
+        let note = driver.wait("the receiver's notification", lb.rx.wait_for_write())??;
+        expect(note, size, it as u32, "the")?;
+        if checks.validate {
+            let at = slots.of(it).1;
+            if let Some(detail) = untimed.time(|| check(&lb.dst, at, size, it, buf))? {
+                return Err(BenchError::Validation {
+                    size,
+                    iter: it,
+                    detail,
+                });
+            }
+        }
+        driver.wait("the write's completion", wrote)??;
+        Ok(())
+    };
+    let timer = Timer::new(false);
+    for it in first..first + iters {
+        if pending.len() == depth {
+            if let Some((old, wrote)) = pending.pop_front() {
+                retire(old, wrote, &mut untimed, &mut buf)?;
+            }
+        }
+        let (slot, at) = slots.of(it);
+        if checks.validate {
+            untimed.time(|| fill(&lb.src, at, size, it, checks, &mut buf))?;
+        }
+        let wrote = lb
+            .tx
+            .write_tagged(&slots.views[slot], &slots.remotes[slot], it as u32);
+        pending.push_back((it, wrote));
+    }
+    while let Some((old, wrote)) = pending.pop_front() {
+        retire(old, wrote, &mut untimed, &mut buf)?;
+    }
+    let mut m = timer.finish(size, iters);
+    untimed.take_off(&mut m);
+    Ok(m)
+}
+
 /// The client's side of a two-process run (its Transport apart, which the
 /// driver borrows).
 pub struct Client {
@@ -204,10 +354,21 @@ pub struct Client {
     pub _answers: Memory,
     /// The server's receive buffer.
     pub remote: RemoteBuffer,
+    /// `-O`: writes in flight.
+    pub outstanding: usize,
 }
 
 /// Zero-length round trips kept per phase for their median.
 const MAX_RTT_SAMPLES: usize = 1 << 20;
+
+/// Zero-length round trips after a windowed phase: half their median is
+/// the way back of the receiver's answer to the phase's last write.
+pub const ZERO_RTTS: u64 = 15;
+
+/// The tag of a windowed phase's `k`th zero-length round trip.
+fn zero_tag(k: u64) -> u32 {
+    u32::MAX - k as u32
+}
 
 /// The median of `samples` (zero when there are none).
 fn median(samples: &mut [Duration]) -> Duration {
@@ -248,6 +409,9 @@ pub fn client_phase(
     first: u64,
     checks: &Checks,
 ) -> Result<Measurement> {
+    if c.outstanding > 1 {
+        return client_window(t, c, driver, size, iters, first, checks);
+    }
     let view = c.src.view(0, size)?;
     let remote = c.remote.slice(0, size)?;
     let (zero, zero_remote) = (c.src.view(0, 0)?, c.remote.slice(0, 0)?);
@@ -255,6 +419,7 @@ pub fn client_phase(
         size: size as u64,
         iters,
         first,
+        outstanding: 1,
     })?;
     let mut buf = Vec::new();
     let mut timer = Timer::new(true);
@@ -264,7 +429,7 @@ pub fn client_phase(
     let mut zero_rtts = Vec::with_capacity(iters.min(MAX_RTT_SAMPLES as u64) as usize);
     for it in first..first + iters {
         if checks.validate {
-            fill(&c.src, size, it, checks, &mut buf)?;
+            fill(&c.src, 0, size, it, checks, &mut buf)?;
         }
         let tag = it as u32;
         timer.start();
@@ -276,7 +441,25 @@ pub fn client_phase(
             zero_rtts.push(z.elapsed());
         }
     }
-    let mut m = timer.finish(size, iters);
+    let m = timer.finish(size, iters);
+    let back = median(&mut zero_rtts) / 2;
+    summary(
+        c,
+        driver,
+        m,
+        back.saturating_mul(iters.min(u32::MAX as u64) as u32),
+    )
+}
+
+/// The receiver's summary of a phase: its first bad write, or the
+/// measurement less its checks and less `back` (the answers' way back).
+fn summary(
+    c: &mut Client,
+    driver: &Driver<'_>,
+    mut m: Measurement,
+    back: Duration,
+) -> Result<Measurement> {
+    let size = m.size;
     match recv_ctl(&mut c.ch, driver, "the receiver's summary")? {
         Ctl::Done {
             bad: Some((iter, detail)),
@@ -294,15 +477,87 @@ pub fn client_phase(
             if !rtt.is_zero() {
                 m.cpu = m.cpu.mul_f64(unchecked.as_secs_f64() / rtt.as_secs_f64());
             }
-            let back = median(&mut zero_rtts) / 2;
-            m.real =
-                unchecked.saturating_sub(back.saturating_mul(iters.min(u32::MAX as u64) as u32));
+            m.real = unchecked.saturating_sub(back);
             Ok(m)
         }
         other => Err(BenchError::Protocol(format!(
             "expected the receiver's summary, got {other:?}"
         ))),
     }
+}
+
+/// `iters` notified writes of `size` bytes with `-O` of them in flight: a
+/// write is posted whenever fewer than `-O` are pending, a write stops
+/// pending once its future resolved (and, when validating, once the
+/// receiver answered it: it checked the write's slot, which may then be
+/// refilled). The receiver waits for every notification and answers the
+/// last one (every one when validating) with a zero-length notified write.
+/// The time runs from the first post to that answer, less the receiver's
+/// checks and the sender's filling, less half the median of [`ZERO_RTTS`]
+/// zero-length round trips made right after.
+fn client_window(
+    t: &Transport,
+    c: &mut Client,
+    driver: &Driver<'_>,
+    size: usize,
+    iters: u64,
+    first: u64,
+    checks: &Checks,
+) -> Result<Measurement> {
+    let depth = c.outstanding;
+    let validate = checks.validate;
+    let slots = Slots::new(&c.src, &c.remote, size, if validate { depth } else { 1 })?;
+    let (zero, zero_remote) = (c.src.view(0, 0)?, c.remote.slice(0, 0)?);
+    c.ch.send_msg(&Ctl::Phase {
+        size: size as u64,
+        iters,
+        first,
+        outstanding: depth as u64,
+    })?;
+    let answered = |it: u64| -> Result<()> {
+        let answer = driver.wait("the receiver's answer", t.wait_for_write())??;
+        expect(answer, 0, it as u32, "the receiver's answer:")
+    };
+    let retire = |it: u64, wrote| -> Result<()> {
+        driver.wait("the write's completion", wrote)??;
+        if validate {
+            answered(it)?;
+        }
+        Ok(())
+    };
+    let mut buf = Vec::new();
+    let mut untimed = Untimed::default();
+    let mut pending = VecDeque::with_capacity(depth);
+    let timer = Timer::new(false);
+    for it in first..first + iters {
+        if pending.len() == depth {
+            if let Some((old, wrote)) = pending.pop_front() {
+                retire(old, wrote)?;
+            }
+        }
+        let (slot, at) = slots.of(it);
+        if validate {
+            untimed.time(|| fill(&c.src, at, size, it, checks, &mut buf))?;
+        }
+        let wrote = t.write_tagged(&slots.views[slot], &slots.remotes[slot], it as u32);
+        pending.push_back((it, wrote));
+    }
+    while let Some((old, wrote)) = pending.pop_front() {
+        retire(old, wrote)?;
+    }
+    if !validate && iters > 0 {
+        answered(first + iters - 1)?;
+    }
+    let mut m = timer.finish(size, iters);
+    untimed.take_off(&mut m);
+    let mut rtts = Vec::with_capacity(ZERO_RTTS as usize);
+    for k in 0..ZERO_RTTS {
+        let z = Instant::now();
+        round_trip(t, driver, &zero, &zero_remote, zero_tag(k))?;
+        rtts.push(z.elapsed());
+    }
+    let back = median(&mut rtts) / 2;
+    summary(c, driver, m, back)
 }
 
 /// Waits for the peer's next control message, driving progress meanwhile.
@@ -335,13 +590,27 @@ pub struct Server {
 pub fn serve(t: &Transport, s: &mut Server, driver: &Driver<'_>, validate: bool) -> Result<()> {
     loop {
         match recv_ctl(&mut s.ch, driver, "the client's next phase")? {
-            Ctl::Phase { size, iters, first } => {
-                let size = usize::try_from(size)
+            Ctl::Phase {
+                size,
+                iters,
+                first,
+                outstanding,
+            } => {
+                let depth = usize::try_from(outstanding)
                     .ok()
-                    .filter(|&n| n <= s.dst.len())
+                    .filter(|&n| (1..=MAX_OUTSTANDING).contains(&n))
                     .ok_or_else(|| {
                         BenchError::Protocol(format!(
-                            "the client asked for {size} bytes, more than the {} agreed",
+                            "the client asked for {outstanding} writes in flight"
+                        ))
+                    })?;
+                let slots = if validate { depth } else { 1 };
+                let size = usize::try_from(size)
+                    .ok()
+                    .filter(|&n| n.saturating_mul(slots) <= s.dst.len())
+                    .ok_or_else(|| {
+                        BenchError::Protocol(format!(
+                            "the client asked for {slots} x {size} bytes, more than the {} agreed",
                             s.dst.len()
                         ))
                     })?;
@@ -350,7 +619,11 @@ pub fn serve(t: &Transport, s: &mut Server, driver: &Driver<'_>, validate: bool)
                         "the client asked for {iters} iterations from {first}"
                     )));
                 }
-                let done = serve_phase(t, s, driver, size, iters, first, validate)?;
+                let done = if depth > 1 {
+                    serve_window(t, s, driver, size, iters, first, slots, validate)?
+                } else {
+                    serve_phase(t, s, driver, size, iters, first, validate)?
+                };
                 s.ch.send_msg(&done)?;
             }
             Ctl::End => return Ok(()),
@@ -390,7 +663,7 @@ fn serve_phase(
             }
             if validate && bad.is_none() && len > 0 {
                 let started = Instant::now();
-                if let Some(why) = check(&s.dst, len, it, &mut buf)? {
+                if let Some(why) = check(&s.dst, 0, len, it, &mut buf)? {
                     bad = Some((it, why));
                 }
                 checking += started.elapsed();
@@ -401,6 +674,73 @@ fn serve_phase(
             }
             answered = Some(t.write_tagged(&zero, &answers, note.tag));
         }
+    }
+    if let Some(prev) = answered {
+        driver.wait("an answer's completion", prev)??;
+    }
+    Ok(Ctl::Done {
+        bad,
+        check_ns: checking.as_nanos().min(u64::MAX as u128) as u64,
+    })
+}
+
+/// The receiver of a windowed phase: waits for every notification (and
+/// checks its slot when validating), answers the last one (every one when
+/// validating) with a zero-length notified write, then answers the
+/// client's [`ZERO_RTTS`] zero-length writes.
+#[allow(clippy::too_many_arguments)]
+fn serve_window(
+    t: &Transport,
+    s: &mut Server,
+    driver: &Driver<'_>,
+    size: usize,
+    iters: u64,
+    first: u64,
+    slots: usize,
+    validate: bool,
+) -> Result<Ctl> {
+    let zero = s.zero.view(0, 0)?;
+    let answers = s.answers.slice(0, 0)?;
+    let mut bad = None;
+    let mut checking = Duration::ZERO;
+    let mut buf = Vec::new();
+    let mut answered = None;
+    let answer = |tag: u32, answered: &mut Option<uct_transfer::OpFuture>| -> Result<()> {
+        // The previous answer completed while this write came in.
+        if let Some(prev) = answered.take() {
+            driver.wait("an answer's completion", prev)??;
+        }
+        *answered = Some(t.write_tagged(&zero, &answers, tag));
+        Ok(())
+    };
+    let last = first + iters;
+    for it in first..last {
+        let note = driver.wait("the client's next write", t.wait_for_write())??;
+        if bad.is_none() {
+            if let Err(e) = expect(note, size, it as u32, "the client's") {
+                bad = Some((it, e.to_string()));
+            }
+        }
+        if validate && bad.is_none() {
+            let started = Instant::now();
+            let at = (it % slots as u64) as usize * size;
+            if let Some(why) = check(&s.dst, at, size, it, &mut buf)? {
+                bad = Some((it, why));
+            }
+            checking += started.elapsed();
+        }
+        if validate || it + 1 == last {
+            answer(note.tag, &mut answered)?;
+        }
+    }
+    for k in 0..ZERO_RTTS {
+        let note = driver.wait("the client's next write", t.wait_for_write())??;
+        if bad.is_none() {
+            if let Err(e) = expect(note, 0, zero_tag(k), "the client's") {
+                bad = Some((last, e.to_string()));
+            }
+        }
+        answer(note.tag, &mut answered)?;
     }
     if let Some(prev) = answered {
         driver.wait("an answer's completion", prev)??;

@@ -120,6 +120,7 @@ pub fn client(t: &Transport, mut ch: BootstrapChannel, params: &BenchParams) -> 
         src,
         _answers: answers,
         remote,
+        outstanding: params.outstanding,
     })
 }
 
