@@ -10,3 +10,4 @@ pub mod params;
 pub mod report;
 pub mod run;
 pub mod session;
+pub mod window;
