@@ -1,10 +1,10 @@
 //! The windowed loops of `-O N` (N > 1): N notified writes in flight,
 //! timed as a whole (elapsed time / writes).
 //!
-//! - One process ([`loopback`]): the measuring thread keeps N writes
+//! - One process (`loopback`): the measuring thread keeps N writes
 //!   posted; before each new post it retires the oldest (the receiver's
 //!   `wait_for_write` for it, its check when validating, its future).
-//! - Two processes ([`client`], [`serve`]): the client posts a write
+//! - Two processes (`client`, `serve`): the client posts a write
 //!   whenever fewer than N of its futures are pending; the receiver waits
 //!   for every notification and answers the last one with a zero-length
 //!   notified write; the time runs from the first post to that answer,
