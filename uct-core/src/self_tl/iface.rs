@@ -73,10 +73,42 @@ pub(super) fn lookup(tl_name: &str, id: u64) -> Option<Arc<SelfShared>> {
 
 /// The process id (device address, 4 bytes) and iface id (iface address,
 /// 8 bytes) of a self address; None when the lengths are wrong.
-pub(super) fn parse_addresses(device_addr: &[u8], iface_addr: &[u8]) -> Option<(u32, u64)> {
-    let pid = u32::from_le_bytes(device_addr.try_into().ok()?);
+/// This process, as self's device address names it: its pid and a random
+/// number drawn once. The pid alone is not enough: processes in other pid
+/// namespaces (containers) have the same pids, often 1.
+fn this_process() -> [u8; 12] {
+    static NONCE: OnceLock<u64> = OnceLock::new();
+    let nonce = *NONCE.get_or_init(|| {
+        let mut b = [0u8; 8];
+        if getrandom::fill(&mut b).is_err() {
+            // Distinct per process start, which is all it must be.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            b = (t ^ (&b as *const _ as u64)).to_le_bytes();
+        }
+        u64::from_le_bytes(b)
+    });
+    let mut addr = [0u8; 12];
+    addr[..4].copy_from_slice(&std::process::id().to_le_bytes());
+    addr[4..].copy_from_slice(&nonce.to_le_bytes());
+    addr
+}
+
+/// The iface id of a self address, when its device address is this
+/// process's; `Err(pid)` when it names another process.
+pub(super) fn parse_addresses(
+    device_addr: &[u8],
+    iface_addr: &[u8],
+) -> Option<std::result::Result<u64, u32>> {
+    let process: [u8; 12] = device_addr.try_into().ok()?;
     let iface_id = u64::from_le_bytes(iface_addr.try_into().ok()?);
-    Some((pid, iface_id))
+    if process == this_process() {
+        Some(Ok(iface_id))
+    } else {
+        Some(Err(u32::from_le_bytes(process[..4].try_into().ok()?)))
+    }
 }
 
 pub(super) const MAX_SHORT: usize = 8 * 1024;
@@ -113,7 +145,7 @@ fn self_attrs() -> IfaceAttrs {
         bandwidth_bps: 6.0e9,
         overhead_ns: 10.0,
         iface_addr_len: 8,
-        device_addr_len: 4,
+        device_addr_len: 12,
         ep_addr_len: 0,
     }
 }
@@ -183,7 +215,7 @@ impl Iface for SelfIface {
     }
 
     fn device_address(&self) -> Vec<u8> {
-        std::process::id().to_le_bytes().to_vec()
+        this_process().to_vec()
     }
 
     fn iface_address(&self) -> Vec<u8> {
@@ -192,10 +224,8 @@ impl Iface for SelfIface {
 
     fn is_reachable(&self, device_addr: &[u8], iface_addr: &[u8]) -> bool {
         match parse_addresses(device_addr, iface_addr) {
-            Some((pid, iface_id)) => {
-                pid == std::process::id() && lookup(self.shared.tl_name, iface_id).is_some()
-            }
-            None => false,
+            Some(Ok(iface_id)) => lookup(self.shared.tl_name, iface_id).is_some(),
+            _ => false,
         }
     }
 
@@ -210,20 +240,20 @@ impl Iface for SelfIface {
                 self.shared.tl_name
             )));
         };
-        let (pid, iface_id) = parse_addresses(&device_addr, &iface_addr).ok_or_else(|| {
+        let found = parse_addresses(&device_addr, &iface_addr).ok_or_else(|| {
             UctError::InvalidParam(format!(
-                "not a {} address (expected 4 + 8 bytes, got {} + {})",
+                "not a {} address (expected 12 + 8 bytes, got {} + {})",
                 self.shared.tl_name,
                 device_addr.len(),
                 iface_addr.len()
             ))
         })?;
-        if pid != std::process::id() {
-            return Err(UctError::Unreachable(format!(
-                "{} reaches ifaces of its own process only (peer pid {pid}); use posix, cma or tcp between processes",
+        let iface_id = found.map_err(|pid| {
+            UctError::Unreachable(format!(
+                "{} reaches ifaces of its own process only (the peer is process {pid}, maybe in another pid namespace); use posix, cma or tcp between processes",
                 self.shared.tl_name
-            )));
-        }
+            ))
+        })?;
         let target = lookup(self.shared.tl_name, iface_id).ok_or_else(|| {
             UctError::Unreachable(format!(
                 "{} iface {iface_id} does not exist in this process (closed?)",

@@ -256,3 +256,26 @@ fn messages_and_immediates_arrive_in_the_order_sent() {
         .collect();
     assert_eq!(*order.lock().unwrap(), want);
 }
+
+/// A self address with this process's pid but another process's number
+/// (a process in another pid namespace, as in containers, often pid 1) is
+/// not reachable, and an endpoint to it is refused by name.
+#[test]
+fn an_address_with_our_pid_from_another_process_is_unreachable() {
+    let mut p = pair(64, Access::all());
+    let mut dev = p.iface.device_address();
+    assert_eq!(dev.len(), 12);
+    dev[4] ^= 0xff;
+    let iface = p.iface.iface_address();
+    assert!(!p.iface.is_reachable(&dev, &iface));
+    assert!(p.iface.is_reachable(&p.iface.device_address(), &iface));
+    let e = p
+        .iface
+        .create_ep(EpParams::ToIface {
+            device_addr: dev,
+            iface_addr: iface,
+        })
+        .err()
+        .expect("refused");
+    assert!(matches!(e, UctError::Unreachable(_)), "{e}");
+}
