@@ -11,8 +11,10 @@
 //! care how they travel), bind, connect, and then ping-pong: the client
 //! writes its buffer into the server's with a notification, the server
 //! waits for it and writes its own back. Host memory is checked byte by
-//! byte; Gaudi memory (the hl-thunk simulator here, a TEST DOUBLE) cannot
-//! be read by the CPU and is not.
+//! byte, and each notification's tag and length; Gaudi memory (the
+//! hl-thunk simulator here, a TEST DOUBLE) cannot be read by the CPU and
+//! is not. Every wait has a 30 s deadline; the time printed is that of the
+//! transfers alone.
 
 use std::time::{Duration, Instant};
 
@@ -106,26 +108,35 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     let host = args.mem.is_host_accessible();
     let view = memory.whole();
-    let start = Instant::now();
+    // Every wait has a deadline: a stuck peer ends the run with an error.
+    let limit = Duration::from_secs(30);
+    // Only the transfers are timed, not the filling and checking.
+    let mut timed = Duration::ZERO;
     for round in 0..args.rounds {
         let fill = (round % 251) as u8 + 1;
         if args.listen {
-            let n = transport.wait(transport.wait_for_write())?;
-            check(&memory, host, n.len, fill)?;
+            let t = Instant::now();
+            let n = transport.wait_within(transport.wait_for_write(), limit)??;
+            timed += t.elapsed();
+            check(&memory, host, n, round, fill)?;
             if host {
                 memory.write_bytes(0, &vec![fill ^ 0xff; args.size])?;
             }
-            transport.wait(transport.write_tagged(&view, &remote, round))?;
+            let t = Instant::now();
+            transport.wait_within(transport.write_tagged(&view, &remote, round), limit)??;
+            timed += t.elapsed();
         } else {
             if host {
                 memory.write_bytes(0, &vec![fill; args.size])?;
             }
-            transport.wait(transport.write_tagged(&view, &remote, round))?;
-            let n = transport.wait(transport.wait_for_write())?;
-            check(&memory, host, n.len, fill ^ 0xff)?;
+            let t = Instant::now();
+            transport.wait_within(transport.write_tagged(&view, &remote, round), limit)??;
+            let n = transport.wait_within(transport.wait_for_write(), limit)??;
+            timed += t.elapsed();
+            check(&memory, host, n, round, fill ^ 0xff)?;
         }
     }
-    let per = start.elapsed() / args.rounds.max(1);
+    let per = timed / args.rounds.max(1);
     println!(
         "{} rounds of {} bytes: {:.1} us per round trip{}",
         args.rounds,
@@ -141,18 +152,32 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Checks that the whole buffer holds `fill` (host memory only).
-fn check(memory: &Memory, host: bool, len: usize, fill: u8) -> Result<(), String> {
-    if len != memory.len() {
+/// Checks the notification of round `round` (its tag and length) and that
+/// the whole buffer holds `fill` (host memory only).
+fn check(
+    memory: &Memory,
+    host: bool,
+    n: uct_transfer::Notification,
+    round: u32,
+    fill: u8,
+) -> Result<(), String> {
+    if n.tag != round {
         return Err(format!(
-            "a notification of {len} bytes, not {}",
+            "the notification of round {round} carries tag {}",
+            n.tag
+        ));
+    }
+    if n.len != memory.len() {
+        return Err(format!(
+            "a notification of {} bytes, not {}",
+            n.len,
             memory.len()
         ));
     }
     if !host {
         return Ok(());
     }
-    let mut got = vec![0u8; len];
+    let mut got = vec![0u8; n.len];
     memory.read_bytes(0, &mut got).map_err(|e| e.to_string())?;
     match got.iter().position(|&b| b != fill) {
         Some(at) => Err(format!("byte {at} is {:#x}, not {fill:#x}", got[at])),

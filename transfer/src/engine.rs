@@ -125,6 +125,8 @@ pub(crate) struct Op {
     stage: Stage,
     flush: bool,
     comp: Completion,
+    /// The first part's refusal, which the operation ends with.
+    error: Option<UctError>,
 }
 
 impl Op {
@@ -137,6 +139,7 @@ impl Op {
             stage: Stage::Data,
             flush,
             comp,
+            error: None,
         }
     }
 }
@@ -155,6 +158,9 @@ struct Notice {
 #[derive(Clone, Copy)]
 struct Posting {
     notify: NotifyPath,
+    /// Whether a write's completion says only that it left (tcp), so that
+    /// each write is flushed to learn it landed, and any refusal by the
+    /// peer (a forged or stale key, a read-only buffer) reaches its future.
     flush_each: bool,
     max_put: usize,
     max_get: usize,
@@ -172,10 +178,6 @@ pub(crate) struct Engine {
     /// What new memory registers with.
     pub target: RegTarget,
     pub notify: NotifyPath,
-    /// Whether a write's completion says only that it left (tcp), so that
-    /// each write is flushed to learn it landed, and any refusal by the
-    /// peer (a forged or stale key, a read-only buffer) reaches its future.
-    pub flush_each: bool,
     posting: Posting,
     queue: VecDeque<Op>,
     notices: VecDeque<Notice>,
@@ -218,7 +220,6 @@ impl Engine {
                 max_get: attrs.get.max_zcopy.min(max_piece).max(1),
                 peer_token,
             },
-            flush_each,
             transport,
             md: iface.md().name().to_string(),
             component,
@@ -283,8 +284,8 @@ impl Engine {
             match advance(self.ep.as_mut(), op, self.posting, &mut self.notices) {
                 Ok(false) => break,
                 Ok(true) => {
-                    let op = self.queue.pop_front().expect("front exists");
-                    op.comp.finish(Ok(()));
+                    let mut op = self.queue.pop_front().expect("front exists");
+                    op.comp.finish(op.error.take().map_or(Ok(()), Err));
                 }
                 Err(e) => {
                     let op = self.queue.pop_front().expect("front exists");
@@ -355,67 +356,15 @@ fn advance(
     notices: &mut VecDeque<Notice>,
 ) -> std::result::Result<bool, UctError> {
     while op.part < op.parts.len() {
-        let p = &op.parts[op.part];
-        let comp = Some(&op.comp);
-        let max = match p.dir {
-            Dir::Write => how.max_put,
-            Dir::Read => how.max_get,
-        };
-        // One immediate write carries the notification when the write fits
-        // one zcopy.
-        let by_imm = p.tag.is_some() && how.notify == NotifyPath::Immediate && p.len <= max;
-        if op.stage == Stage::Data {
-            while op.done < p.len || (by_imm && p.len == 0 && op.done == 0) {
-                let piece = (p.len - op.done).min(max);
-                let iov = [Iov::new(&p.mem, p.offset + op.done, piece)];
-                let iov: &[Iov<'_>] = if piece == 0 { &[] } else { &iov };
-                let addr = p.remote_addr + op.done as u64;
-                let status = match (p.dir, by_imm) {
-                    (Dir::Write, true) => {
-                        ep.put_zcopy_imm(iov, addr, &p.rkey, p.tag.unwrap_or(0), comp)?
-                    }
-                    (Dir::Write, false) => ep.put_zcopy(iov, addr, &p.rkey, comp)?,
-                    (Dir::Read, _) => ep.get_zcopy(iov, addr, &p.rkey, comp)?,
-                };
-                if status == Status::NoResource {
-                    return Ok(false);
-                }
-                op.done += piece;
-                if piece == 0 {
-                    break;
-                }
-            }
-            if p.tag.is_none() || by_imm {
-                op.part += 1;
-                op.done = 0;
-                continue;
-            }
-            op.stage = Stage::Fence;
-        }
-        let tag = p.tag.unwrap_or(0);
-        if how.flush_each {
-            // The notification goes once a flush says the write landed.
-            let landed = Completion::new();
-            if ep.flush(Some(&landed))? == Status::NoResource {
-                return Ok(false);
-            }
-            op.comp.start();
-            notices.push_back(Notice {
-                landed,
-                op: op.comp.clone(),
-                tag,
-                len: p.len,
-            });
-        } else {
-            if op.stage == Stage::Fence {
-                if ep.fence()? == Status::NoResource {
-                    return Ok(false);
-                }
-                op.stage = Stage::Notify;
-            }
-            let (header, payload) = notify_message(tag, p.len, how.peer_token);
-            if ep.am_short(NOTIFY_AM_ID, header, &payload)? == Status::NoResource {
-                return Ok(false);
+        match advance_part(ep, op, how, notices) {
+            Ok(false) => return Ok(false),
+            Ok(true) => {}
+            // A part refused (a stale key, a read-only buffer): it is not
+            // notified, the operation ends with its error, and the parts
+            // after it still go, as they would where the refusal comes
+            // from the peer later.
+            Err(e) => {
+                op.error.get_or_insert(e);
             }
         }
         op.part += 1;
@@ -427,6 +376,88 @@ fn advance(
             return Ok(false);
         }
         op.flush = false;
+    }
+    Ok(true)
+}
+
+/// Posts what it can of the operation's current part: true once all of
+/// it (and its notification) is posted.
+fn advance_part(
+    ep: &mut dyn Endpoint,
+    op: &mut Op,
+    how: Posting,
+    notices: &mut VecDeque<Notice>,
+) -> std::result::Result<bool, UctError> {
+    let p = &op.parts[op.part];
+    let comp = Some(&op.comp);
+    let max = match p.dir {
+        Dir::Write => how.max_put,
+        Dir::Read => how.max_get,
+    };
+    // One immediate write carries the notification when the write fits one
+    // zcopy (not where a write completes when it has left: there the
+    // notification waits for a flush).
+    let by_imm =
+        p.tag.is_some() && how.notify == NotifyPath::Immediate && !how.flush_each && p.len <= max;
+    if op.stage == Stage::Data {
+        while op.done < p.len || (by_imm && p.len == 0 && op.done == 0) {
+            let piece = (p.len - op.done).min(max);
+            let iov = [Iov::new(&p.mem, p.offset + op.done, piece)];
+            let iov: &[Iov<'_>] = if piece == 0 { &[] } else { &iov };
+            let addr = p.remote_addr + op.done as u64;
+            let status = match (p.dir, by_imm) {
+                (Dir::Write, true) => {
+                    ep.put_zcopy_imm(iov, addr, &p.rkey, p.tag.unwrap_or(0), comp)?
+                }
+                (Dir::Write, false) => ep.put_zcopy(iov, addr, &p.rkey, comp)?,
+                (Dir::Read, _) => ep.get_zcopy(iov, addr, &p.rkey, comp)?,
+            };
+            if status == Status::NoResource {
+                return Ok(false);
+            }
+            op.done += piece;
+            if piece == 0 {
+                break;
+            }
+        }
+        let flushed_each = how.flush_each && p.dir == Dir::Write;
+        if (p.tag.is_none() || by_imm) && !flushed_each {
+            return Ok(true);
+        }
+        op.stage = Stage::Fence;
+    }
+    let tag = p.tag.unwrap_or(0);
+    if how.flush_each && p.tag.is_none() {
+        // Each write's own flush, so that a refusal is the error of this
+        // write, not of the next one's flush (a notified write after it
+        // would lose its notification).
+        if ep.flush(Some(&op.comp))? == Status::NoResource {
+            return Ok(false);
+        }
+    } else if how.flush_each {
+        // The notification goes once a flush says the write landed.
+        let landed = Completion::new();
+        if ep.flush(Some(&landed))? == Status::NoResource {
+            return Ok(false);
+        }
+        op.comp.start();
+        notices.push_back(Notice {
+            landed,
+            op: op.comp.clone(),
+            tag,
+            len: p.len,
+        });
+    } else {
+        if op.stage == Stage::Fence {
+            if ep.fence()? == Status::NoResource {
+                return Ok(false);
+            }
+            op.stage = Stage::Notify;
+        }
+        let (header, payload) = notify_message(tag, p.len, how.peer_token);
+        if ep.am_short(NOTIFY_AM_ID, header, &payload)? == Status::NoResource {
+            return Ok(false);
+        }
     }
     Ok(true)
 }

@@ -151,6 +151,22 @@ pub enum TransferError {
         transport: String,
     },
 
+    /// Progress panicked (a bug in a transport); the connection is closed.
+    #[error("progress panicked ({what}): a bug in the transport; the connection is closed, report it with RUST_BACKTRACE=1")]
+    Panicked {
+        /// The panic's message.
+        what: String,
+    },
+
+    /// A wait with a deadline ran out.
+    #[error(
+        "nothing came within {after:?}; the peer is stuck or slow (a dead one is reported as such)"
+    )]
+    TimedOut {
+        /// The deadline.
+        after: std::time::Duration,
+    },
+
     /// A future polled again after it resolved.
     #[error("this future was polled again after it resolved; await each future once")]
     PolledAgain,

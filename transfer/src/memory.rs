@@ -187,8 +187,9 @@ impl Memory {
             .find(|t| !t.md.attrs().flags.contains(MdFlags::REG))
         {
             return Err(TransferError::MemoryType(format!(
-                "{} cannot register memory the application allocated (a peer maps only memory it allocated itself); use Memory::alloc",
-                t.transport
+                "{} cannot register memory the application allocated (its peers map only memory it allocated itself), and this Transport may connect over it ({} on one host); use Memory::alloc, or build the Transport with .transport(\"cma\") (one host) or .transport(\"tcp\") or \"rc\" for memory you own",
+                t.transport,
+                if t.transport == "posix" { "auto picks posix" } else { "it is a candidate" }
             )));
         }
         // SAFETY: the caller keeps the bytes alive as documented above.

@@ -193,61 +193,83 @@ pub struct Notification {
     pub tag: u32,
 }
 
-type WaitCell = Mutex<Cell<Result<Notification>>>;
-
-/// Notifications that arrived and the waits that want them, each in order.
+/// Notifications that arrived, and the waits that are waiting for one.
+/// A wait takes the oldest notification when it is polled, so that the
+/// application sees them in the order the writes were made, whichever of
+/// its waits it polls, and a wait that is dropped (a timeout) takes
+/// nothing with it.
 pub(crate) struct Inbox {
     state: Mutex<InboxState>,
-    /// Waits registered and not resolved: the progress thread spins while
-    /// there are any.
+    /// Waits polled and pending: the progress thread spins while there
+    /// are any.
     waiting: AtomicUsize,
-    /// Set when a peer sent more notifications than anyone waited for.
+    /// Set when a peer sent more notifications than the backlog holds.
     overflowed: AtomicBool,
+    /// The most notifications kept for waits not yet made.
+    backlog: usize,
 }
 
 struct InboxState {
     arrived: VecDeque<Notification>,
-    waiters: VecDeque<Arc<WaitCell>>,
+    /// Pending waits, by id, in the order they first waited.
+    waiters: VecDeque<(u64, Waker)>,
+    next_id: u64,
     failed: Option<TransferError>,
 }
 
-/// Notifications kept for waits not yet made: a peer that sends more is
-/// flooding, and the connection fails.
+/// Notifications kept by default for waits not yet made: a peer that sends
+/// more is flooding (or the application does not wait), and the connection
+/// fails.
 pub(crate) const MAX_BACKLOG: usize = 1 << 20;
 
 impl Inbox {
-    pub(crate) fn new() -> Arc<Inbox> {
+    pub(crate) fn new(backlog: usize) -> Arc<Inbox> {
         Arc::new(Inbox {
             state: Mutex::new(InboxState {
                 arrived: VecDeque::new(),
                 waiters: VecDeque::new(),
+                next_id: 0,
                 failed: None,
             }),
             waiting: AtomicUsize::new(0),
             overflowed: AtomicBool::new(false),
+            backlog,
         })
     }
 
-    /// A notification arrived: to the oldest wait, or kept for the next.
-    pub(crate) fn deliver(&self, n: Notification) {
-        let mut s = lock(&self.state);
-        if s.failed.is_some() {
-            return;
-        }
-        while let Some(w) = s.waiters.pop_front() {
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
-            if fill(&w, Ok(n)) {
-                return;
-            }
-        }
-        if s.arrived.len() >= MAX_BACKLOG {
-            self.overflowed.store(true, Ordering::Release);
-            return;
-        }
-        s.arrived.push_back(n);
+    /// The most notifications kept for waits not yet made.
+    pub(crate) fn backlog(&self) -> usize {
+        self.backlog
     }
 
-    /// Whether the peer flooded notifications past [`MAX_BACKLOG`].
+    /// Removes and returns the oldest pending wait's waker.
+    fn pop_waiter(&self, s: &mut InboxState) -> Option<Waker> {
+        let (_, w) = s.waiters.pop_front()?;
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        Some(w)
+    }
+
+    /// A notification arrived: queued, and the oldest pending wait woken
+    /// to take it.
+    pub(crate) fn deliver(&self, n: Notification) {
+        let woken = {
+            let mut s = lock(&self.state);
+            if s.failed.is_some() {
+                return;
+            }
+            if s.arrived.len() >= self.backlog {
+                self.overflowed.store(true, Ordering::Release);
+                return;
+            }
+            s.arrived.push_back(n);
+            self.pop_waiter(&mut s)
+        };
+        if let Some(w) = woken {
+            crate::shared::wake(w);
+        }
+    }
+
+    /// Whether the peer flooded notifications past the backlog.
     pub(crate) fn overflowed(&self) -> bool {
         self.overflowed.load(Ordering::Acquire)
     }
@@ -260,65 +282,27 @@ impl Inbox {
     /// Ends every pending wait, and every later one once the notifications
     /// that arrived before are taken, with `err`.
     pub(crate) fn fail(&self, err: &TransferError) {
-        let mut s = lock(&self.state);
-        s.failed.get_or_insert_with(|| err.clone());
-        while let Some(w) = s.waiters.pop_front() {
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
-            fill(&w, Err(err.clone()));
-        }
-    }
-
-    /// A notification a wait was given but dropped without taking: to the
-    /// oldest wait still pending, or back to the front of the queue (it is
-    /// older than anything there).
-    fn give_back(&self, n: Notification) {
-        loop {
-            let next = {
-                let mut s = lock(&self.state);
-                match s.waiters.pop_front() {
-                    Some(w) => {
-                        self.waiting.fetch_sub(1, Ordering::Relaxed);
-                        w
-                    }
-                    None => {
-                        s.arrived.push_front(n);
-                        return;
-                    }
-                }
-            };
-            // Filled outside the inbox lock: a dropped wait's cell is
-            // closed and refuses it, and the next is tried.
-            if fill(&next, Ok(n)) {
-                return;
-            }
-        }
-    }
-
-    /// Takes a wait that was dropped unresolved out of the queue, so that
-    /// it no longer counts as waiting.
-    fn forget(&self, cell: &Arc<WaitCell>) {
-        let mut s = lock(&self.state);
-        if let Some(i) = s.waiters.iter().position(|w| Arc::ptr_eq(w, cell)) {
-            s.waiters.remove(i);
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
+        let woken: Vec<Waker> = {
+            let mut s = lock(&self.state);
+            s.failed.get_or_insert_with(|| err.clone());
+            std::iter::from_fn(|| self.pop_waiter(&mut s)).collect()
+        };
+        for w in woken {
+            crate::shared::wake(w);
         }
     }
 
     /// The next notification, as a future.
     pub(crate) fn wait(self: &Arc<Self>) -> WaitForWrite {
-        let cell = Arc::new(Cell::new());
-        let mut s = lock(&self.state);
-        if let Some(n) = s.arrived.pop_front() {
-            fill(&cell, Ok(n));
-        } else if let Some(e) = &s.failed {
-            fill(&cell, Err(e.clone()));
-        } else {
-            s.waiters.push_back(cell.clone());
-            self.waiting.fetch_add(1, Ordering::Relaxed);
-        }
+        let id = {
+            let mut s = lock(&self.state);
+            s.next_id += 1;
+            s.next_id
+        };
         WaitForWrite {
-            cell,
-            inbox: Arc::downgrade(self),
+            inbox: self.clone(),
+            id,
+            done: false,
             nudger: Nudger::default(),
         }
     }
@@ -329,26 +313,71 @@ impl Inbox {
         w.nudger.to = Some(nudge);
         w
     }
+
+    /// Takes the oldest notification for wait `id`, or registers its waker.
+    fn poll_wait(&self, id: u64, cx: &mut Context<'_>) -> Poll<Result<Notification>> {
+        let mut s = lock(&self.state);
+        let at = s.waiters.iter().position(|(w, _)| *w == id);
+        if let Some(n) = s.arrived.pop_front() {
+            if let Some(i) = at {
+                s.waiters.remove(i);
+                self.waiting.fetch_sub(1, Ordering::Relaxed);
+            }
+            return Poll::Ready(Ok(n));
+        }
+        if let Some(e) = &s.failed {
+            return Poll::Ready(Err(e.clone()));
+        }
+        match at {
+            Some(i) => {
+                if !s.waiters[i].1.will_wake(cx.waker()) {
+                    s.waiters[i].1 = cx.waker().clone();
+                }
+            }
+            None => {
+                s.waiters.push_back((id, cx.waker().clone()));
+                self.waiting.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Wait `id` is gone unresolved: out of the queue; if it was woken for
+    /// a notification it did not take, the next wait is woken instead.
+    fn forget(&self, id: u64) {
+        let woken = {
+            let mut s = lock(&self.state);
+            let was_waiting = match s.waiters.iter().position(|(w, _)| *w == id) {
+                Some(i) => {
+                    s.waiters.remove(i);
+                    self.waiting.fetch_sub(1, Ordering::Relaxed);
+                    true
+                }
+                None => false,
+            };
+            if !was_waiting && !s.arrived.is_empty() {
+                self.pop_waiter(&mut s)
+            } else {
+                None
+            }
+        };
+        if let Some(w) = woken {
+            crate::shared::wake(w);
+        }
+    }
 }
 
 /// The future of [`Transport::wait_for_write`](crate::Transport::wait_for_write):
 /// the next notification, in the order the peer's notified writes were
-/// made. Waits are served in the order they were made; dropping one gives
-/// its place up, and a notification it was given but did not return goes
-/// to the next wait (a timeout around a wait loses nothing).
+/// made. It takes one when polled, so the application sees them in order
+/// whichever of its waits it polls; dropping a wait (a timeout around it)
+/// takes nothing with it.
 #[must_use = "a wait does nothing unless awaited"]
 pub struct WaitForWrite {
-    cell: Arc<WaitCell>,
-    inbox: Weak<Inbox>,
+    inbox: Arc<Inbox>,
+    id: u64,
+    done: bool,
     nudger: Nudger,
-}
-
-impl WaitForWrite {
-    /// Whether the wait has resolved.
-    pub fn is_done(&self) -> bool {
-        let c = lock(&self.cell);
-        c.result.is_some() || c.closed
-    }
 }
 
 impl Future for WaitForWrite {
@@ -356,8 +385,13 @@ impl Future for WaitForWrite {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Notification>> {
         let this = self.get_mut();
-        let r = poll_cell(&this.cell, cx, polled_again);
-        if r.is_pending() {
+        if this.done {
+            return Poll::Ready(polled_again());
+        }
+        let r = this.inbox.poll_wait(this.id, cx);
+        if r.is_ready() {
+            this.done = true;
+        } else {
             this.nudger.pending();
         }
         r
@@ -366,24 +400,8 @@ impl Future for WaitForWrite {
 
 impl Drop for WaitForWrite {
     fn drop(&mut self) {
-        // Closed: a delivery racing with this skips the cell and hands its
-        // notification on. The cell lock is released before the inbox's is
-        // taken (deliver takes them the other way round).
-        let (pending, untaken) = {
-            let mut c = lock(&self.cell);
-            let pending = c.result.is_none() && !c.closed;
-            c.closed = true;
-            (pending, c.result.take())
-        };
-        let Some(inbox) = self.inbox.upgrade() else {
-            return;
-        };
-        if pending {
-            inbox.forget(&self.cell);
-        } else if let Some(Ok(n)) = untaken {
-            // Given a notification, dropped before taking it (a timeout
-            // that fired as it came): it goes to the next wait, not lost.
-            inbox.give_back(n);
+        if !self.done {
+            self.inbox.forget(self.id);
         }
     }
 }
@@ -398,33 +416,43 @@ mod tests {
         fn nudge(&self) {}
     }
 
+    /// Polls once with a no-op waker.
+    fn poll_once(w: &mut WaitForWrite) -> Poll<Result<Notification>> {
+        let mut cx = Context::from_waker(Waker::noop());
+        Pin::new(w).poll(&mut cx)
+    }
+
     #[test]
-    fn notifications_go_to_waits_in_order() {
-        let inbox = Inbox::new();
-        let w1 = inbox.wait();
-        let w2 = inbox.wait();
+    fn waits_take_notifications_in_order_when_polled() {
+        let inbox = Inbox::new(MAX_BACKLOG);
+        let mut w1 = inbox.wait();
+        let mut w2 = inbox.wait();
+        assert!(poll_once(&mut w1).is_pending() && poll_once(&mut w2).is_pending());
         assert!(inbox.has_waiters());
         inbox.deliver(Notification { len: 1, tag: 1 });
         inbox.deliver(Notification { len: 2, tag: 2 });
         inbox.deliver(Notification { len: 3, tag: 3 });
-        assert!(!inbox.has_waiters());
-        assert_eq!(block_on(w1).unwrap().tag, 1);
-        assert_eq!(block_on(w2).unwrap().tag, 2);
+        // Whichever wait is polled first gets the oldest.
+        assert_eq!(block_on(w2).unwrap().tag, 1);
+        assert_eq!(block_on(w1).unwrap().tag, 2);
         assert_eq!(block_on(inbox.wait()).unwrap().tag, 3);
+        assert!(!inbox.has_waiters());
     }
 
     #[test]
-    fn a_dropped_wait_gives_its_place_up() {
-        let inbox = Inbox::new();
-        let w1 = inbox.wait();
-        let w2 = inbox.wait();
+    fn a_dropped_wait_takes_nothing_and_stops_counting() {
+        let inbox = Inbox::new(MAX_BACKLOG);
+        let mut w1 = inbox.wait();
+        let mut w2 = inbox.wait();
+        assert!(poll_once(&mut w1).is_pending() && poll_once(&mut w2).is_pending());
+        // w1 is woken for tag 1 and dropped (a timeout) before it polls.
+        inbox.deliver(Notification { len: 1, tag: 1 });
         drop(w1);
-        // Dropped unresolved: no longer counted as waiting.
-        assert_eq!(inbox.waiting.load(Ordering::Relaxed), 1);
-        inbox.deliver(Notification { len: 7, tag: 7 });
-        assert_eq!(block_on(w2).unwrap().tag, 7);
-        assert!(!inbox.has_waiters());
-        let w3 = inbox.wait();
+        inbox.deliver(Notification { len: 2, tag: 2 });
+        assert_eq!(block_on(w2).unwrap().tag, 1);
+        assert_eq!(block_on(inbox.wait()).unwrap().tag, 2);
+        let mut w3 = inbox.wait();
+        assert!(poll_once(&mut w3).is_pending());
         drop(w3);
         assert!(
             !inbox.has_waiters(),
@@ -433,39 +461,54 @@ mod tests {
     }
 
     #[test]
-    fn a_notification_given_to_a_dropped_wait_goes_to_the_next() {
-        let inbox = Inbox::new();
-        let w1 = inbox.wait();
-        let w2 = inbox.wait();
+    fn a_wait_woken_for_a_notification_it_did_not_take_wakes_the_next() {
+        struct Flag(AtomicBool);
+        impl std::task::Wake for Flag {
+            fn wake(self: Arc<Self>) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let inbox = Inbox::new(MAX_BACKLOG);
+        let (f1, f2) = (
+            Arc::new(Flag(AtomicBool::new(false))),
+            Arc::new(Flag(AtomicBool::new(false))),
+        );
+        let mut w1 = inbox.wait();
+        let mut w2 = inbox.wait();
+        let (k1, k2) = (Waker::from(f1.clone()), Waker::from(f2.clone()));
+        assert!(Pin::new(&mut w1)
+            .poll(&mut Context::from_waker(&k1))
+            .is_pending());
+        assert!(Pin::new(&mut w2)
+            .poll(&mut Context::from_waker(&k2))
+            .is_pending());
         inbox.deliver(Notification { len: 1, tag: 1 });
-        // w1 was given tag 1 and is dropped before it is polled.
+        assert!(f1.0.load(Ordering::Relaxed) && !f2.0.load(Ordering::Relaxed));
         drop(w1);
-        inbox.deliver(Notification { len: 2, tag: 2 });
+        assert!(f2.0.load(Ordering::Relaxed), "the next wait was not woken");
         assert_eq!(block_on(w2).unwrap().tag, 1);
-        assert_eq!(block_on(inbox.wait()).unwrap().tag, 2);
-        // With no wait pending, it goes back to the front of the queue.
-        let w3 = inbox.wait();
-        inbox.deliver(Notification { len: 3, tag: 3 });
-        inbox.deliver(Notification { len: 4, tag: 4 });
-        drop(w3);
-        assert_eq!(block_on(inbox.wait()).unwrap().tag, 3);
-        assert_eq!(block_on(inbox.wait()).unwrap().tag, 4);
     }
 
     #[test]
-    fn failure_ends_pending_waits_after_what_arrived() {
-        let inbox = Inbox::new();
+    fn failure_ends_waits_after_what_arrived() {
+        let inbox = Inbox::new(MAX_BACKLOG);
         inbox.deliver(Notification { len: 1, tag: 1 });
         let w = inbox.wait();
-        let pending = {
-            // Taken already: the next wait is pending.
-            assert!(w.is_done());
-            inbox.wait()
-        };
+        let mut pending = inbox.wait();
         inbox.fail(&TransferError::Closed);
         assert_eq!(block_on(w).unwrap().tag, 1);
-        assert_eq!(block_on(pending), Err(TransferError::Closed));
+        assert_eq!(block_on(&mut pending), Err(TransferError::Closed));
         assert_eq!(block_on(inbox.wait()), Err(TransferError::Closed));
+        assert_eq!(block_on(pending), Err(TransferError::PolledAgain));
+    }
+
+    #[test]
+    fn past_the_backlog_the_inbox_overflows() {
+        let inbox = Inbox::new(2);
+        for tag in 0..3 {
+            inbox.deliver(Notification { len: 0, tag });
+        }
+        assert!(inbox.overflowed());
     }
 
     #[test]

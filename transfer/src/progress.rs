@@ -1,9 +1,12 @@
 //! The progress thread, and a block_on that drives progress itself.
 //!
 //! The thread spins (yielding the core) while anything is in flight or
-//! awaited, so that a notification is seen as soon as it lands; idle, it
-//! polls every millisecond (for connection set-up and liveness), and a new
-//! operation or wait wakes it at once.
+//! awaited, so that a notification is seen as soon as it lands, for
+//! [`BUSY_SPIN`] after the last event; then it polls every [`BUSY_POLL`].
+//! Idle, it polls every millisecond (for connection set-up and liveness).
+//! A future wakes it when first polled pending, and an operation left
+//! queued when posted; an operation that completed inside its post (most
+//! over shared memory) needs nothing more.
 
 use std::future::Future;
 use std::pin::pin;
@@ -53,10 +56,30 @@ fn run(shared: &Shared) {
             std::thread::park_timeout(IDLE_POLL);
             continue;
         }
-        let events = with_deferred_wakes(|| {
-            let mut phase = shared.phase.lock().unwrap_or_else(|p| p.into_inner());
-            shared.progress_in(&mut phase)
-        });
+        let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            with_deferred_wakes(|| {
+                let mut phase = shared.phase.lock().unwrap_or_else(|p| p.into_inner());
+                shared.progress_in(&mut phase)
+            })
+        }));
+        let events = match turn {
+            Ok(n) => n,
+            Err(panic) => {
+                // A transport's bug: the futures end with an error rather
+                // than hang with nobody progressing.
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                log::error!("transfer: progress panicked: {what}");
+                with_deferred_wakes(|| {
+                    let mut phase = shared.phase.lock().unwrap_or_else(|p| p.into_inner());
+                    shared.fail_connection(&mut phase, TransferError::Panicked { what });
+                });
+                1
+            }
+        };
         if shared.posters.load(Ordering::Acquire) > 0 {
             // A caller waits for the lock to post: let it in.
             std::thread::yield_now();
@@ -108,7 +131,9 @@ pub(crate) fn block_on_progress<F: Future>(
     transport: &Transport,
     shared: &Shared,
     fut: F,
-) -> F::Output {
+    limit: Option<Duration>,
+) -> Result<F::Output> {
+    let started = limit.map(|l| (Instant::now(), l));
     /// Counts this thread as driving progress while it is in here.
     struct Driving<'a>(&'a Shared);
     impl Drop for Driving<'_> {
@@ -125,11 +150,33 @@ pub(crate) fn block_on_progress<F: Future>(
     let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
     let mut fut = pin!(fut);
+    // As the progress thread: spin while events come, then, after
+    // BUSY_SPIN without one, poll every BUSY_POLL (the waker unparks).
+    let mut quiet = 0u32;
+    let mut quiet_since: Option<Instant> = None;
+    let mut drowsy = false;
     loop {
         if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-            return v;
+            return Ok(v);
         }
-        if transport.progress() == 0 {
+        if let Some((at, after)) = started {
+            if quiet.is_multiple_of(64) && at.elapsed() > after {
+                return Err(TransferError::TimedOut { after });
+            }
+        }
+        if transport.progress() > 0 {
+            quiet = 0;
+            quiet_since = None;
+            drowsy = false;
+            continue;
+        }
+        quiet = quiet.wrapping_add(1);
+        if quiet.is_multiple_of(64) {
+            drowsy = quiet_since.get_or_insert_with(Instant::now).elapsed() > BUSY_SPIN;
+        }
+        if drowsy {
+            std::thread::park_timeout(BUSY_POLL);
+        } else {
             std::thread::yield_now();
         }
     }

@@ -137,22 +137,30 @@ pub(crate) fn candidates(
     Ok(out)
 }
 
-/// The first candidate (in preference order) that can reach one of the
-/// peer's offers, and that offer.
+/// The candidates (in preference order) that can reach one of the peer's
+/// offers, each with that offer: connect() tries them in turn, as one
+/// that looks reachable may still fail to connect (posix to a process in
+/// another pid namespace), and the peer, failing the same way, moves on
+/// to the same next one.
 pub(crate) fn choose<T>(
     cands: &[T],
     offers: &[Offer],
     iface: impl Fn(&T) -> &dyn Iface,
-) -> Result<(usize, Offer)> {
+) -> Result<Vec<(usize, Offer)>> {
     let mut unreachable = Vec::new();
+    let mut found = Vec::new();
     for (i, c) in cands.iter().enumerate() {
         let ifc = iface(c);
         for o in offers.iter().filter(|o| o.transport == ifc.transport()) {
             if ifc.is_reachable(&o.device_addr, &o.iface_addr) {
-                return Ok((i, o.clone()));
+                found.push((i, o.clone()));
+                break;
             }
             unreachable.push(format!("{} on {}", o.transport, o.device));
         }
+    }
+    if !found.is_empty() {
+        return Ok(found);
     }
     let ours: Vec<String> = cands
         .iter()

@@ -42,8 +42,19 @@ pub(crate) fn wake(w: Waker) {
 }
 
 /// Runs `f` (which takes and releases the locks), then calls the wakers it
-/// deferred.
+/// deferred, also when `f` panics (a thread an executor reuses after a
+/// caught panic must not keep deferring wakes for ever).
 pub(crate) fn with_deferred_wakes<R>(f: impl FnOnce() -> R) -> R {
+    /// The outermost call's duty: restore "not deferring" and wake.
+    struct Outer;
+    impl Drop for Outer {
+        fn drop(&mut self) {
+            let list = DEFERRED.with(|d| d.borrow_mut().take()).unwrap_or_default();
+            for w in list {
+                w.wake();
+            }
+        }
+    }
     let outer = DEFERRED.with(|d| {
         let mut d = d.borrow_mut();
         if d.is_some() {
@@ -53,14 +64,9 @@ pub(crate) fn with_deferred_wakes<R>(f: impl FnOnce() -> R) -> R {
             true
         }
     });
-    let r = f();
-    if outer {
-        let list = DEFERRED.with(|d| d.borrow_mut().take()).unwrap_or_default();
-        for w in list {
-            w.wake();
-        }
-    }
-    r
+    // Lazily: an `Outer` made and dropped at once would wake early.
+    let _outer = outer.then(|| Outer);
+    f()
 }
 
 /// A candidate transport, opened.
@@ -80,6 +86,17 @@ impl Open {
             md: self.md.clone(),
             mem_types: self.mem_types.clone(),
         }
+    }
+
+    /// Whether bind() made this candidate an endpoint that a failed
+    /// connect used up.
+    pub(crate) fn spent(&self) -> bool {
+        self.pending_ep.is_none()
+            && !self
+                .iface
+                .attrs()
+                .caps
+                .contains(uct_core::Caps::CONNECT_TO_IFACE)
     }
 
     /// An endpoint to the peer's `offer`: the one bind() made, connected to
@@ -301,8 +318,8 @@ impl Shared {
             Phase::Connected(eng) => match eng.turn() {
                 Ok(n) if !self.inbox.overflowed() => return n,
                 Ok(_) => UctError::Protocol(format!(
-                    "the peer sent more than {} notifications that no wait_for_write took; wait for them as they come, or notify less",
-                    crate::ops::MAX_BACKLOG
+                    "the peer sent more than {} notifications that no wait_for_write took; wait for them as they come, or raise Builder::max_notification_backlog",
+                    self.inbox.backlog()
                 )),
                 Err(e) => e,
             },
@@ -355,5 +372,41 @@ impl Shared {
 impl crate::ops::Nudge for Shared {
     fn nudge(&self) {
         self.nudge_progress();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn wakes_are_deferred_to_the_outermost_call_and_survive_a_panic() {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        with_deferred_wakes(|| {
+            with_deferred_wakes(|| wake(waker.clone()));
+            assert_eq!(count.0.load(Ordering::Relaxed), 0, "woken under the locks");
+        });
+        assert_eq!(count.0.load(Ordering::Relaxed), 1);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            with_deferred_wakes(|| {
+                wake(waker.clone());
+                panic!("a transport bug");
+            })
+        }));
+        assert!(caught.is_err());
+        assert_eq!(count.0.load(Ordering::Relaxed), 2, "the deferred wake ran");
+        // Not deferring any more: a wake outside runs at once.
+        wake(waker.clone());
+        assert_eq!(count.0.load(Ordering::Relaxed), 3);
     }
 }

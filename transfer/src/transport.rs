@@ -47,6 +47,7 @@ pub struct Builder {
     depth: usize,
     progress: Progress,
     max_piece: usize,
+    backlog: usize,
 }
 
 /// Operations in flight by default before a new one waits.
@@ -61,6 +62,7 @@ impl Default for Builder {
             depth: DEFAULT_DEPTH,
             progress: Progress::Thread,
             max_piece: usize::MAX,
+            backlog: crate::ops::MAX_BACKLOG,
         }
     }
 }
@@ -103,6 +105,15 @@ impl Builder {
         self
     }
 
+    /// Notifications kept for waits not yet made (2^20 by default). A peer
+    /// that sends more than this ahead of the application's
+    /// `wait_for_write`s fails the connection: wait for notifications as
+    /// they come, or raise this.
+    pub fn max_notification_backlog(mut self, notifications: usize) -> Self {
+        self.backlog = notifications.max(1);
+        self
+    }
+
     /// Splits writes and reads in pieces of at most `bytes` (besides the
     /// transport's own largest zcopy): a test seam for writes split in
     /// pieces, which real transports do only beyond a GiB.
@@ -127,7 +138,7 @@ impl Builder {
             self.device.as_deref(),
             &self.mem_types,
         )?;
-        let inbox = Inbox::new();
+        let inbox = Inbox::new(self.backlog);
         let counters = Arc::new(Counters::default());
         let token = random_token();
         let mut cands = Vec::with_capacity(picked.len());
@@ -290,7 +301,6 @@ impl Transport {
         }
         let u = url::format(self.shared.token, &offers);
         *url = Some(u.clone());
-        let _ = self.shared.url.set(u.clone());
         Ok(u)
     }
 
@@ -311,9 +321,35 @@ impl Transport {
             Phase::Closed => return Err(TransferError::Closed),
         };
         // On any error the candidates stay: the caller may try another URL.
-        let (index, offer) = select::choose(cands, &offers, |c| &*c.iface)?;
-        let ep = cands[index].connect(&offer)?;
+        let mut tried = Vec::new();
+        let mut connected = None;
+        for (index, offer) in select::choose(cands, &offers, |c| &*c.iface)? {
+            match cands[index].connect(&offer) {
+                Ok(ep) => {
+                    connected = Some((index, ep));
+                    break;
+                }
+                Err(e) => {
+                    log::info!("transfer: connect over {} failed: {e}", offer.transport);
+                    tried.push(e);
+                }
+            }
+        }
+        let Some((index, ep)) = connected else {
+            // An endpoint bind() made went to a failed connect: the next
+            // bind() makes a fresh URL.
+            if cands.iter().any(|c| c.spent()) {
+                if let Phase::Open { url, .. } = &mut *phase {
+                    *url = None;
+                }
+            }
+            return Err(tried.into_iter().next().unwrap_or(TransferError::NotBound));
+        };
         let c = cands.swap_remove(index);
+        if let Phase::Open { url: Some(u), .. } = &*phase {
+            // bind() keeps answering with it once connected.
+            let _ = self.shared.url.set(u.clone());
+        }
         let transport = c.iface.transport().to_string();
         let target = c.target();
         let eng = Box::new(Engine::new(
@@ -421,7 +457,19 @@ impl Transport {
     /// polls: a small `block_on` for manual progress (it works with the
     /// progress thread too, which sleeps meanwhile).
     pub fn wait<F: std::future::Future>(&self, fut: F) -> F::Output {
-        crate::progress::block_on_progress(self, &self.shared, fut)
+        crate::progress::block_on_progress(self, &self.shared, fut, None)
+            .expect("no deadline, so no timeout")
+    }
+
+    /// [`wait`](Self::wait) with a deadline: `TimedOut` once `limit` has
+    /// passed (the future is dropped: a write goes on, a wait gives its
+    /// place up).
+    pub fn wait_within<F: std::future::Future>(
+        &self,
+        fut: F,
+        limit: std::time::Duration,
+    ) -> Result<F::Output> {
+        crate::progress::block_on_progress(self, &self.shared, fut, Some(limit))
     }
 
     fn post(&self, parts: &[(Dir, &View, &RemoteBuffer, Option<u32>)], flush: bool) -> OpFuture {
@@ -464,14 +512,6 @@ impl Transport {
             });
             keep.push(view.memory().clone());
         }
-        // Where a write completes when it has left (tcp), a flush says it
-        // landed: a notified write has its own (its notification waits for
-        // it), the others share the operation's.
-        let flush = flush
-            || (eng.flush_each
-                && built.iter().any(|p| {
-                    p.dir == Dir::Write && (p.tag.is_none() || eng.notify == NotifyPath::None)
-                }));
         let slot = Slot::new();
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let in_flight = self.shared.in_flight.clone();

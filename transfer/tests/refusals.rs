@@ -243,3 +243,40 @@ fn notifications_without_the_receivers_token_are_dropped() {
         assert!(matches!(e, Err(TransferError::Config(_))), "{tl}");
     }
 }
+
+/// In a batch, a write the peer refuses does not silence the notification
+/// of a good write after it (tcp flushes each write of a batch), and the
+/// batch ends with the refusal.
+#[test]
+fn a_refused_write_in_a_batch_leaves_the_next_notification() {
+    for tl in TRANSPORTS {
+        let (a, b) = pair(tl, Progress::Thread);
+        let src = Memory::alloc(&a, MemoryType::Host, 64).unwrap();
+        let good = Memory::alloc(&b, MemoryType::Host, 64).unwrap();
+        let gone = Memory::alloc(&b, MemoryType::Host, 64).unwrap();
+        let stale = RemoteBuffer::parse(&gone.remote_key()).unwrap();
+        drop(gone);
+        let batch = [
+            uct_transfer::BatchWrite {
+                local: src.whole(),
+                remote: stale,
+                notify: None,
+            },
+            uct_transfer::BatchWrite {
+                local: src.whole(),
+                remote: RemoteBuffer::parse(&good.remote_key()).unwrap(),
+                notify: Some(9),
+            },
+        ];
+        let e = within("the batch", &[], a.write_batch(&batch));
+        assert!(
+            matches!(
+                e,
+                Err(TransferError::Uct(uct_core::UctError::NoSuchRegion { .. }))
+            ),
+            "{tl}: {e:?}"
+        );
+        let n = within("the good write's notification", &[], b.wait_for_write()).unwrap();
+        assert_eq!(n.tag, 9, "{tl}");
+    }
+}
