@@ -345,15 +345,18 @@ pub(super) fn summary(
             bad: None,
             check_ns,
         } => {
-            // This side waited through the receiver's checks: they leave
-            // the real time, and the CPU time in the same proportion (a
-            // polling sender burnt it, a parked one did not).
+            // This side waited through the receiver's checks and the
+            // answers' way back: they leave the real time, and the CPU time
+            // in the same proportion (a polling sender burnt it, a parked
+            // one did not).
             let rtt = m.real;
-            let unchecked = rtt.saturating_sub(Duration::from_nanos(check_ns));
+            let real = rtt
+                .saturating_sub(Duration::from_nanos(check_ns))
+                .saturating_sub(back);
             if !rtt.is_zero() {
-                m.cpu = m.cpu.mul_f64(unchecked.as_secs_f64() / rtt.as_secs_f64());
+                m.cpu = m.cpu.mul_f64(real.as_secs_f64() / rtt.as_secs_f64());
             }
-            m.real = unchecked.saturating_sub(back);
+            m.real = real;
             Ok(m)
         }
         other => Err(BenchError::Protocol(format!(
