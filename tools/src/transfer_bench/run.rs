@@ -350,9 +350,18 @@ pub(super) fn summary(
             // in the same proportion (a polling sender burnt it, a parked
             // one did not).
             let rtt = m.real;
-            let real = rtt
-                .saturating_sub(Duration::from_nanos(check_ns))
-                .saturating_sub(back);
+            let unchecked = rtt.saturating_sub(Duration::from_nanos(check_ns));
+            // On an overloaded machine the zero-length round trips can take
+            // as long as the run itself: then the way back is left in
+            // (and said), rather than a time of zero reported.
+            let real = if back.saturating_mul(2) < unchecked {
+                unchecked - back
+            } else {
+                log::warn!(
+                    "transfer-bench: the way back ({back:?}) is not small against the run ({unchecked:?}); the machine is overloaded, and the time includes it"
+                );
+                unchecked
+            };
             if !rtt.is_zero() {
                 m.cpu = m.cpu.mul_f64(real.as_secs_f64() / rtt.as_secs_f64());
             }
