@@ -13,7 +13,9 @@
 //! Without validation every write goes to one place (as perftest's
 //! put_bw); with it each write in flight has its slot, refilled only once
 //! the receiver checked it (in two processes the receiver answers every
-//! write), and filling and checking are taken off the time.
+//! write). In one process filling and checking are taken off the time; in
+//! two, the receiver's checks overlap the sender's next writes and stay in
+//! it.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -244,7 +246,6 @@ pub(super) fn serve(
     let zero = s.zero.view(0, 0)?;
     let answers = s.answers.slice(0, 0)?;
     let mut bad = None;
-    let mut checking = Duration::ZERO;
     let mut buf = Vec::new();
     let mut answered = None;
     let answer = |tag: u32, answered: &mut Option<OpFuture>| -> Result<()> {
@@ -264,12 +265,10 @@ pub(super) fn serve(
             }
         }
         if validate && bad.is_none() {
-            let started = Instant::now();
             let at = (it % slots as u64) as usize * size;
             if let Some(why) = check(&s.dst, at, size, it, &mut buf)? {
                 bad = Some((it, why));
             }
-            checking += started.elapsed();
         }
         if validate || it + 1 == last {
             answer(note.tag, &mut answered)?;
@@ -287,8 +286,7 @@ pub(super) fn serve(
     if let Some(prev) = answered {
         driver.wait("an answer's completion", prev)??;
     }
-    Ok(Ctl::Done {
-        bad,
-        check_ns: checking.as_nanos().min(u64::MAX as u128) as u64,
-    })
+    // With writes in flight the checks overlap the sender's next writes:
+    // they stay in the time (taking their sum off made it zero).
+    Ok(Ctl::Done { bad, check_ns: 0 })
 }
