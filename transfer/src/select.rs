@@ -190,23 +190,6 @@ pub(crate) fn device_md(
     mem_type: MemoryType,
 ) -> Result<Arc<dyn MemoryDomain>> {
     registry
-        .memory_domains()
-        .into_iter()
-        .map(|(_, m)| m)
-        .find(|m| m.attrs().alloc_mem_types.contains(&mem_type))
-        .ok_or_else(|| {
-            let why: Vec<String> = registry
-                .md_errors()
-                .into_iter()
-                .map(|(c, m)| format!("{c}: {m}"))
-                .collect();
-            TransferError::MemoryType(format!(
-                "no memory domain here allocates {mem_type} memory{}",
-                if why.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", why.join("; "))
-                }
-            ))
-        })
+        .allocating_md(mem_type)
+        .map_err(|e| TransferError::MemoryType(e.to_string()))
 }

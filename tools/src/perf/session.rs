@@ -141,25 +141,8 @@ pub fn alloc(
     let md = iface.md();
     if !mem_type.is_host_accessible() {
         let owner = reg
-            .memory_domains()
-            .into_iter()
-            .map(|(_, m)| m)
-            .find(|m| m.attrs().alloc_mem_types.contains(&mem_type))
-            .ok_or_else(|| {
-                let why: Vec<String> = reg
-                    .md_errors()
-                    .into_iter()
-                    .map(|(c, m)| format!("{c}: {m}"))
-                    .collect();
-                PerfError::Usage(format!(
-                    "no memory domain here allocates {mem_type} memory{}",
-                    if why.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({})", why.join("; "))
-                    }
-                ))
-            })?;
+            .allocating_md(mem_type)
+            .map_err(|e| PerfError::Usage(e.to_string()))?;
         let dev = owner.alloc(len, mem_type, Access::all_rights())?;
         log::info!(
             "perftest: {len} bytes of {mem_type} memory on {} at {:#x}",

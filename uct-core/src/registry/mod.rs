@@ -12,6 +12,7 @@ use crate::config::{AllowList, Config, UnknownVar};
 use crate::error::{Result, UctError};
 use crate::iface::{Iface, IfaceParams, TlResource};
 use crate::md::MemoryDomain;
+use crate::memory::MemoryType;
 use crate::rkey::{RemoteKey, RkeyBundle};
 
 /// Where a component came from.
@@ -413,6 +414,35 @@ impl Registry {
                         )
                     }
                 ))
+            })
+    }
+
+    /// The first memory domain that allocates `mem_type` memory (device
+    /// memory comes from its device's MD), or why there is none, with the
+    /// reasons components gave for MDs they could not open.
+    pub fn allocating_md(&self, mem_type: MemoryType) -> Result<Arc<dyn MemoryDomain>> {
+        self.memory_domains()
+            .into_iter()
+            .map(|(_, m)| m)
+            .find(|m| m.attrs().alloc_mem_types.contains(&mem_type))
+            .ok_or_else(|| {
+                let why: Vec<String> = self
+                    .md_errors()
+                    .into_iter()
+                    .map(|(c, m)| format!("{c}: {m}"))
+                    .collect();
+                UctError::MemoryTypeUnsupported {
+                    mem_type,
+                    owner: "this host".into(),
+                    hint: format!(
+                        "no memory domain here allocates {mem_type} memory{}",
+                        if why.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", why.join("; "))
+                        }
+                    ),
+                }
             })
     }
 
