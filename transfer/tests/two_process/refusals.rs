@@ -335,7 +335,7 @@ pub fn stale_key(tl: &str) -> Result<(), Failed> {
         &mut s,
         "a notified write through a stale key",
         got,
-        |u| matches!(u, UctError::NoSuchRegion { .. }),
+        |u| matches!(u, UctError::NoSuchRegion { .. } | UctError::BadSecret),
     )?;
     s.peer.say("quit")?;
     Ok(())
