@@ -120,6 +120,21 @@ fn listen(args: &[&str], stderr: Stdio) -> Child {
     child
 }
 
+/// Runs the sender with `args` against `server`, which corrupts write
+/// `iter`: the run fails, naming it.
+fn corruption_caught(args: &[&str], server: &mut Child, iter: u32) {
+    let output = run(args);
+    let _ = exit_within(server, Duration::from_secs(30));
+    assert_eq!(output.status.code(), Some(1));
+    let err = text(&output.stderr);
+    assert!(
+        err.contains(&format!(
+            "validation FAILED at size 65536, iteration {iter}"
+        )),
+        "{err}"
+    );
+}
+
 /// Waits for `child` up to `limit`; kills it past that.
 fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
     let start = Instant::now();
@@ -167,14 +182,7 @@ fn a_corrupted_write_is_caught_by_the_other_process() {
         "--inject-corruption",
         "12",
     ]);
-    let output = run(&args);
-    let _ = exit_within(&mut server, Duration::from_secs(30));
-    assert_eq!(output.status.code(), Some(1));
-    let err = text(&output.stderr);
-    assert!(
-        err.contains("validation FAILED at size 65536, iteration 12"),
-        "{err}"
-    );
+    corruption_caught(&args, &mut server, 12);
 }
 
 #[test]
@@ -364,14 +372,7 @@ fn a_validated_window_catches_a_corrupted_write_in_the_other_process() {
         "--inject-corruption",
         "30",
     ]);
-    let output = run(&args);
-    let _ = exit_within(&mut server, Duration::from_secs(30));
-    assert_eq!(output.status.code(), Some(1));
-    let err = text(&output.stderr);
-    assert!(
-        err.contains("validation FAILED at size 65536, iteration 30"),
-        "{err}"
-    );
+    corruption_caught(&args, &mut server, 30);
 }
 
 #[test]

@@ -90,17 +90,7 @@ fn received_as_expected(tl: &str, t: &Transport, count: u64) -> Result<(), Strin
         s.notifications_received_by_immediate,
         s.notifications_received_by_message,
     );
-    let want = if by_immediate(tl) {
-        (count, 0)
-    } else {
-        (0, count)
-    };
-    if got != want {
-        return Err(format!(
-            "{tl}: notifications received (by immediate, by message): {got:?}, expected {want:?}"
-        ));
-    }
-    Ok(())
+    as_expected(tl, "received", got, count)
 }
 
 /// Checks that `t` sent `count` notifications, each the way `tl` sends
@@ -111,6 +101,12 @@ fn sent_as_expected(tl: &str, t: &Transport, count: u64) -> Result<(), String> {
         s.notifications_sent_by_immediate,
         s.notifications_sent_by_message,
     );
+    as_expected(tl, "sent", got, count)
+}
+
+/// `got` (by immediate, by message) against `count`, all of them the way
+/// `tl` notifies.
+fn as_expected(tl: &str, what: &str, got: (u64, u64), count: u64) -> Result<(), String> {
     let want = if by_immediate(tl) {
         (count, 0)
     } else {
@@ -118,7 +114,7 @@ fn sent_as_expected(tl: &str, t: &Transport, count: u64) -> Result<(), String> {
     };
     if got != want {
         return Err(format!(
-            "{tl}: notifications sent (by immediate, by message): {got:?}, expected {want:?}"
+            "{tl}: notifications {what} (by immediate, by message): {got:?}, expected {want:?}"
         ));
     }
     Ok(())
