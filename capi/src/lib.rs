@@ -1,0 +1,1 @@
+//! The C ABI of uct-rs (work in progress).
