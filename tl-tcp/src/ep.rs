@@ -1,6 +1,9 @@
 //! The tcp endpoint: requests go out on the link to its peer iface; replies
 //! come back on it and are matched to pending operations by the iface's
-//! `progress`.
+//! `progress`. A put's completion says its frame was sent; a put with
+//! immediate data is a request answered by the target, so its completion
+//! says the data landed and the immediate was delivered, or carries the
+//! target's refusal.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -151,6 +154,43 @@ impl TcpEp {
         Ok(Status::InProgress)
     }
 
+    /// Sends a put with immediate data, a request whose data stays in user
+    /// memory until written: InProgress, and `comp` fires once the target
+    /// answered and the frame is all written (the memory is then no longer
+    /// read); NoResource while the send queue or the requests are full.
+    fn send_put_imm(
+        &mut self,
+        make: impl FnOnce(u64) -> Header,
+        payload: Payload,
+        comp: Option<&Completion>,
+    ) -> Result<Status> {
+        let Some(mut link) = self.live_with_room()? else {
+            return Ok(Status::NoResource);
+        };
+        if !link.has_room_for_request(0) {
+            return Ok(Status::NoResource);
+        }
+        let sent = link
+            .next_req(self.id)
+            .and_then(|req| link.conn.send(&make(req), payload, comp).map(|_| req));
+        let req = match sent {
+            Ok(req) => req,
+            Err(e) => {
+                link.fail(e.clone());
+                return Err(e);
+            }
+        };
+        if let Some(comp) = comp {
+            comp.start();
+        }
+        let pending = PendingOp::PutImm {
+            ep: self.id,
+            comp: comp.cloned(),
+        };
+        link.add_pending(req, pending, 0);
+        Ok(Status::InProgress)
+    }
+
     /// Sends a frame whose data stays in user memory until written; Done
     /// when the socket took it all, else InProgress (`comp` fires later).
     fn send_zcopy(
@@ -232,6 +272,28 @@ impl Endpoint for TcpEp {
                 req,
                 key,
                 addr: remote_addr,
+            },
+            Payload::Iov(Vec::new(), list),
+            comp,
+        )
+    }
+
+    fn put_zcopy_imm(
+        &mut self,
+        iov: &[Iov<'_>],
+        remote_addr: u64,
+        rkey: &RemoteKey,
+        imm: u32,
+        comp: Option<&Completion>,
+    ) -> Result<Status> {
+        let list = Self::iov_list(iov, MAX_ZCOPY)?;
+        let key = Self::key(rkey)?;
+        self.send_put_imm(
+            |req| Header::PutImm {
+                req,
+                key,
+                addr: remote_addr,
+                imm,
             },
             Payload::Iov(Vec::new(), list),
             comp,

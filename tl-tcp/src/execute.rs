@@ -1,7 +1,8 @@
 //! The target's side of each request from a peer: active messages are
 //! batched for the handlers; puts, gets and atomics are checked against the
-//! region table (region, secret, range, rights) and executed; the reply, if
-//! the request has one, is returned for the link to send.
+//! region table (region, secret, range, rights) and executed; a put with
+//! immediate data batches its immediate only once its data is in place;
+//! the reply, if the request has one, is returned for the link to send.
 
 use std::sync::Arc;
 use uct_core::atomic_ops::{check_aligned, fetch_at};
@@ -9,8 +10,8 @@ use uct_core::atomic_ops::{check_aligned, fetch_at};
 use uct_core::region_table::{RegionTable, SoftRkey};
 use uct_core::{Access, AtomicValue, FetchOp, UctError};
 
+use crate::arrivals::Arrivals;
 use crate::iface::MAX_FRAME_DATA;
-use crate::link::AmBatch;
 use crate::outgoing::{Payload, RegionReply};
 use crate::wire::{Header, WireAtomic, WireError, WireKey};
 
@@ -79,11 +80,56 @@ fn nack(req: u64, error: &UctError) -> Option<(Header, Payload)> {
     ))
 }
 
+/// Writes a whole put's `data` at `addr` once every check passed.
+fn put(table: &RegionTable, key: WireKey, addr: u64, data: &[u8]) -> Result<()> {
+    table.access(
+        &table_key(key),
+        addr,
+        data.len() as u64,
+        Access::REMOTE_WRITE,
+        |dst| {
+            // SAFETY: `access` checked that [dst, dst + data.len()) lies in
+            // a registered region granting remote write and keeps it
+            // registered while this closure runs; `data` is the
+            // connection's receive buffer, which no region overlaps.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) }
+        },
+    )
+}
+
+/// What follows a put of `len` bytes that was done or refused (`done`):
+/// for a put with immediate data (`imm`), its immediate is batched, after
+/// the data and only if it was done, and the reply says which; a plain
+/// put is answered only when refused (Nack).
+pub(crate) fn put_outcome(
+    arrivals: &mut Arrivals,
+    req: u64,
+    imm: Option<u32>,
+    len: usize,
+    done: Result<()>,
+) -> Option<Header> {
+    match (imm, done) {
+        (None, Ok(())) => None,
+        (None, Err(e)) => Some(Header::Nack {
+            req,
+            error: WireError::from(&e),
+        }),
+        (Some(imm), Ok(())) => {
+            arrivals.push_imm(imm, len);
+            Some(Header::PutImmReply { req, error: None })
+        }
+        (Some(_), Err(e)) => Some(Header::PutImmReply {
+            req,
+            error: Some(WireError::from(&e)),
+        }),
+    }
+}
+
 /// Executes one request from the peer and returns its reply, if it has one.
 /// The link has checked the peer's Hello before; another Hello is refused.
 pub(crate) fn execute(
     table: &Arc<RegionTable>,
-    ams: &mut AmBatch,
+    arrivals: &mut Arrivals,
     header: Header,
     data: &[u8],
 ) -> Result<Option<(Header, Payload)>> {
@@ -95,25 +141,21 @@ pub(crate) fn execute(
             ))
         }
         Header::Am { id } => {
-            ams.push(id, data);
+            arrivals.push_am(id, data);
             None
         }
         Header::Put { req, key, addr } => {
-            let done = table.access(
-                &table_key(key),
-                addr,
-                data.len() as u64,
-                Access::REMOTE_WRITE,
-                |dst| {
-                    // SAFETY: `access` checked that [dst, dst + data.len())
-                    // lies in a registered region granting remote write and
-                    // keeps it registered while this closure runs; `data` is
-                    // the connection's receive buffer, which no region
-                    // overlaps.
-                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) }
-                },
-            );
-            done.err().and_then(|e| nack(req, &e))
+            let done = put(table, key, addr, data);
+            put_outcome(arrivals, req, None, data.len(), done).map(|h| (h, Payload::None))
+        }
+        Header::PutImm {
+            req,
+            key,
+            addr,
+            imm,
+        } => {
+            let done = put(table, key, addr, data);
+            put_outcome(arrivals, req, Some(imm), data.len(), done).map(|h| (h, Payload::None))
         }
         Header::Get {
             req,

@@ -114,6 +114,8 @@ pub(crate) fn frame_name(header: &Header) -> &'static str {
         Header::FlushReply { .. } => "a flush reply",
         Header::Nack { .. } => "a nack",
         Header::Hello { .. } => "a Hello",
+        Header::PutImm { .. } => "a put with immediate data",
+        Header::PutImmReply { .. } => "a reply to a put with immediate data",
     }
 }
 

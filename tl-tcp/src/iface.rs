@@ -18,18 +18,19 @@ use std::time::{Duration, Instant};
 
 use uct_core::region_table::RegionTable;
 use uct_core::{
-    AmHandler, AmHandlers, Caps, Endpoint, EpParams, Iface, IfaceAttrs, MemoryDomain, MemoryType,
-    Result, SizeLimits, UctError,
+    AmHandler, AmHandlers, Caps, Endpoint, EpParams, Iface, IfaceAttrs, ImmHandler, ImmHandlerSlot,
+    MemoryDomain, MemoryType, Result, SizeLimits, UctError,
 };
 
 use crate::address::{iface_addr, ip_bytes, new_cookie, parse_addr, IFACE_ADDR_LEN};
+use crate::arrivals::Arrivals;
 use crate::component::Settings;
 use crate::conn::{Conn, Payload};
 use crate::devices::NetDevice;
 use crate::dial::dial;
 use crate::ep::TcpEp;
 use crate::hello::Role;
-use crate::link::{AmBatch, Link, Timeouts};
+use crate::link::{Link, Timeouts};
 use crate::wire::Header;
 
 pub(crate) const MAX_SHORT: usize = 8 * 1024;
@@ -118,7 +119,8 @@ fn tcp_attrs() -> IfaceAttrs {
             | Caps::FENCE
             | Caps::CONNECT_TO_IFACE
             | Caps::CONNECT_TO_EP
-            | Caps::ERRHANDLE_PEER_FAILURE,
+            | Caps::ERRHANDLE_PEER_FAILURE
+            | Caps::PUT_IMM,
         put: limits(MAX_ZCOPY),
         get: limits(MAX_ZCOPY),
         am: limits(MAX_AM_ZCOPY),
@@ -141,6 +143,7 @@ pub struct TcpIface {
     table: Arc<RegionTable>,
     attrs: IfaceAttrs,
     handlers: AmHandlers,
+    imm: ImmHandlerSlot,
     links: Links,
     settings: Settings,
     /// Drawn at open; peers learn it from our address and echo it.
@@ -149,11 +152,11 @@ pub struct TcpIface {
     refused: u64,
     /// Reused by progress: the poll set (the listener first, then one entry
     /// per link), the links polled, whether each is reading a large put,
-    /// and the active messages received.
+    /// and the active messages and immediates received.
     pfds: Vec<libc::pollfd>,
     polled: Vec<Arc<Mutex<Link>>>,
     reading: Vec<bool>,
-    ams: AmBatch,
+    arrivals: Arrivals,
     /// The links' writes counted at the last progress call: when they
     /// changed, this side wrote something since, and idle links send the
     /// ACKs they held back.
@@ -179,6 +182,7 @@ impl TcpIface {
             table,
             attrs: tcp_attrs(),
             handlers: AmHandlers::new("tcp"),
+            imm: ImmHandlerSlot::new("tcp"),
             links: Links::default(),
             settings,
             cookie: new_cookie()?,
@@ -186,7 +190,7 @@ impl TcpIface {
             pfds: Vec::new(),
             polled: Vec::new(),
             reading: Vec::new(),
-            ams: AmBatch::default(),
+            arrivals: Arrivals::default(),
             writes: 0,
         })
     }
@@ -360,6 +364,11 @@ impl Iface for TcpIface {
         self.handlers.set(id, handler)
     }
 
+    fn set_imm_handler(&mut self, handler: ImmHandler) -> Result<()> {
+        self.imm.set(handler);
+        Ok(())
+    }
+
     fn progress(&mut self) -> usize {
         // One poll() over the listener and every link; only ready sockets
         // (and links reading a large put) are touched.
@@ -408,13 +417,13 @@ impl Iface for TcpIface {
         for (i, link) in links.iter().enumerate() {
             let mut state = link.lock().unwrap_or_else(|p| p.into_inner());
             if (ready > 0 && self.pfds[1 + i].revents != 0) || self.reading[i] {
-                events += state.progress(&self.table, &mut self.ams);
+                events += state.progress(&self.table, &mut self.arrivals);
             } else {
                 state.idle(wrote);
             }
             drop(state);
             // Outside the link's lock: a handler may send on the same link.
-            self.ams.deliver(&mut self.handlers);
+            self.arrivals.deliver(&mut self.handlers, &mut self.imm);
         }
         if ready > 0 && self.pfds[0].revents != 0 {
             events += self.accept_new();

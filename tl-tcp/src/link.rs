@@ -27,14 +27,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uct_core::region_table::RegionTable;
-use uct_core::{Access, AmHandlers, UctError};
+use uct_core::{Access, UctError};
 
+use crate::arrivals::Arrivals;
 use crate::conn::{Conn, Payload};
-use crate::execute::{execute, table_key};
+use crate::execute::{execute, put_outcome, table_key};
 use crate::hello::{check_hello, frame_name, Role};
 use crate::iface::{MAX_AM_ZCOPY, MAX_BCOPY, MAX_SHORT};
 use crate::pending::{PendingOp, Requests};
-use crate::wire::{Header, Parsed, WireError, WireKey};
+use crate::wire::{Header, Parsed, WireKey};
 
 type Result<T, E = UctError> = std::result::Result<T, E>;
 
@@ -88,37 +89,14 @@ struct Direct {
     req: u64,
     key: WireKey,
     addr: u64,
+    /// The immediate of a PutImm, delivered once all of the data is in.
+    imm: Option<u32>,
+    /// The put's whole length, for its immediate.
+    len: usize,
     remaining: usize,
     /// Set when the access was refused: the data is read and dropped, and
     /// the refusal is reported when it ends.
     error: Option<UctError>,
-}
-
-/// Active messages received under the link's lock, delivered to the
-/// handlers after it is released (a handler may send on the same link).
-#[derive(Default)]
-pub(crate) struct AmBatch {
-    /// Each message's id, and where its bytes are in `bytes` (start, length).
-    msgs: Vec<(u8, usize, usize)>,
-    bytes: Vec<u8>,
-}
-
-impl AmBatch {
-    /// Adds a received message.
-    pub(crate) fn push(&mut self, id: u8, data: &[u8]) {
-        let at = self.bytes.len();
-        self.bytes.extend_from_slice(data);
-        self.msgs.push((id, at, data.len()));
-    }
-
-    /// Hands every message to its handler, in order, and empties the batch.
-    pub(crate) fn deliver(&mut self, handlers: &mut AmHandlers) {
-        for &(id, at, len) in &self.msgs {
-            handlers.deliver(id, &self.bytes[at..at + len]);
-        }
-        self.msgs.clear();
-        self.bytes.clear();
-    }
 }
 
 /// One connection, both roles.
@@ -348,13 +326,14 @@ impl Link {
     }
 
     /// Writes, reads, executes requests and matches replies, within the
-    /// budget of one call; active messages go to `ams`. A link that fails
-    /// is marked failed and closed; a peer that sends nonsense is cut off.
-    pub(crate) fn progress(&mut self, table: &Arc<RegionTable>, ams: &mut AmBatch) -> usize {
+    /// budget of one call; active messages and immediates go to
+    /// `arrivals`. A link that fails is marked failed and closed; a peer
+    /// that sends nonsense is cut off.
+    pub(crate) fn progress(&mut self, table: &Arc<RegionTable>, arrivals: &mut Arrivals) -> usize {
         if self.failed.is_some() {
             return 0;
         }
-        match self.progress_inner(table, ams) {
+        match self.progress_inner(table, arrivals) {
             Ok(n) => n,
             Err(e) => {
                 if matches!(e, UctError::Protocol(_)) {
@@ -383,7 +362,11 @@ impl Link {
         }
     }
 
-    fn progress_inner(&mut self, table: &Arc<RegionTable>, ams: &mut AmBatch) -> Result<usize> {
+    fn progress_inner(
+        &mut self,
+        table: &Arc<RegionTable>,
+        arrivals: &mut Arrivals,
+    ) -> Result<usize> {
         let mut frames = 0;
         let mut bytes = 0;
         self.backlog = false;
@@ -394,11 +377,13 @@ impl Link {
                     None => break,
                     Some(refused) => {
                         frames += 1;
-                        let req = self.direct.take().map(|d| d.req).unwrap_or(0);
-                        if let Some(error) = refused {
-                            let error = WireError::from(&error);
-                            self.conn
-                                .queue_reply(&Header::Nack { req, error }, Payload::None)?;
+                        if let Some(put) = self.direct.take() {
+                            let done = refused.map_or(Ok(()), Err);
+                            if let Some(reply) =
+                                put_outcome(arrivals, put.req, put.imm, put.len, done)
+                            {
+                                self.conn.queue_reply(&reply, Payload::None)?;
+                            }
                         }
                     }
                 }
@@ -469,7 +454,7 @@ impl Link {
                             self.requests.on_reply(header, data)?;
                         } else {
                             let data = self.conn.data(data_at, data_len);
-                            let reply = execute(table, ams, header, data)?;
+                            let reply = execute(table, arrivals, header, data)?;
                             self.conn.consume(total);
                             if let Some((header, payload)) = reply {
                                 self.conn.queue_reply(&header, payload)?;
@@ -477,22 +462,31 @@ impl Link {
                         }
                     }
                     Parsed::HeaderOnly {
-                        header: Header::Put { req, key, addr },
+                        header,
                         data_at,
                         data_len,
                         have,
-                    } if data_len >= DIRECT_MIN => {
-                        self.start_direct(table, req, key, addr, data_at, data_len, have);
-                        bytes += data_at + have;
-                        break;
-                    }
-                    Parsed::HeaderOnly {
-                        data_at, data_len, ..
-                    } => {
-                        // Its size was checked: it may be buffered whole.
-                        self.conn.expect_frame(data_at + data_len);
-                        break;
-                    }
+                    } => match put_target(&header) {
+                        Some((req, key, addr, imm)) if data_len >= DIRECT_MIN => {
+                            let put = Direct {
+                                req,
+                                key,
+                                addr,
+                                imm,
+                                len: data_len,
+                                remaining: data_len,
+                                error: None,
+                            };
+                            self.start_direct(table, put, data_at, have);
+                            bytes += data_at + have;
+                            break;
+                        }
+                        _ => {
+                            // Its size was checked: it may be buffered whole.
+                            self.conn.expect_frame(data_at + data_len);
+                            break;
+                        }
+                    },
                     Parsed::Incomplete => break,
                 }
             }
@@ -552,29 +546,17 @@ impl Link {
     /// Starts a large put: what is here goes in now, the rest straight from
     /// the socket. The whole range is checked first, so that a refusal
     /// names the put, not a piece of it.
-    // The fields of the parsed frame, each named; a struct would only
-    // rename them.
-    #[allow(clippy::too_many_arguments)]
-    fn start_direct(
-        &mut self,
-        table: &Arc<RegionTable>,
-        req: u64,
-        key: WireKey,
-        addr: u64,
-        data_at: usize,
-        data_len: usize,
-        have: usize,
-    ) {
+    fn start_direct(&mut self, table: &Arc<RegionTable>, put: Direct, data_at: usize, have: usize) {
         let first = self.conn.data(data_at, have);
         let checked = table.access(
-            &table_key(key),
-            addr,
-            data_len as u64,
+            &table_key(put.key),
+            put.addr,
+            put.len as u64,
             Access::REMOTE_WRITE,
             |dst| {
-                // SAFETY: `access` checked [dst, dst + data_len) for remote
+                // SAFETY: `access` checked [dst, dst + put.len) for remote
                 // write and keeps it registered while this closure runs;
-                // have <= data_len (parse returns HeaderOnly only for a
+                // have <= put.len (parse returns HeaderOnly only for a
                 // frame not yet complete); `first` is the receive buffer,
                 // which no region overlaps.
                 unsafe { std::ptr::copy_nonoverlapping(first.as_ptr(), dst, have) }
@@ -582,13 +564,12 @@ impl Link {
         );
         self.conn.consume(data_at + have);
         self.direct = Some(Direct {
-            req,
-            key,
             // A peer-chosen address: wrap, never overflow (a range that
             // wraps was refused by `access` above).
-            addr: addr.wrapping_add(have as u64),
-            remaining: data_len - have,
+            addr: put.addr.wrapping_add(have as u64),
+            remaining: put.len - have,
             error: checked.err(),
+            ..put
         });
     }
 
@@ -660,5 +641,21 @@ fn is_reply(header: &Header) -> bool {
             | Header::AtomicReply { .. }
             | Header::FlushReply { .. }
             | Header::Nack { .. }
+            | Header::PutImmReply { .. }
     )
+}
+
+/// A put's request id, key, address and immediate (PutImm), for a frame
+/// that writes.
+fn put_target(header: &Header) -> Option<(u64, WireKey, u64, Option<u32>)> {
+    match *header {
+        Header::Put { req, key, addr } => Some((req, key, addr, None)),
+        Header::PutImm {
+            req,
+            key,
+            addr,
+            imm,
+        } => Some((req, key, addr, Some(imm))),
+        _ => None,
+    }
 }

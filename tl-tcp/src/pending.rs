@@ -6,8 +6,10 @@
 //! only for a request that was sent, by the endpoint the Nack names, and
 //! may still be refused; anything else a peer answers is a protocol error
 //! that closes the link. A get reply must carry exactly the bytes asked
-//! for, or that get fails. Gets in flight are capped, in number and in
-//! bytes.
+//! for, or that get fails. A put with immediate data is answered whether
+//! it was done or refused: its completion takes the answer, or, without
+//! one, the endpoint's next flush takes a refusal, as for a plain put.
+//! Gets in flight are capped, in number and in bytes.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -44,6 +46,8 @@ pub(crate) enum PendingOp {
     Atomic(Completion),
     /// A flush of endpoint `ep`.
     Flush { ep: u32, comp: Option<Completion> },
+    /// A put with immediate data of endpoint `ep`.
+    PutImm { ep: u32, comp: Option<Completion> },
 }
 
 impl PendingOp {
@@ -51,7 +55,9 @@ impl PendingOp {
     fn finish(self, result: Result<()>) {
         match self {
             PendingOp::GetBytes(comp) | PendingOp::Atomic(comp) => comp.finish(result),
-            PendingOp::GetIov(_, comp) | PendingOp::Flush { comp, .. } => {
+            PendingOp::GetIov(_, comp)
+            | PendingOp::Flush { comp, .. }
+            | PendingOp::PutImm { comp, .. } => {
                 if let Some(comp) = comp {
                     comp.finish(result)
                 }
@@ -309,6 +315,22 @@ impl Requests {
                     return Err(mismatch("flush"));
                 }
             },
+            Header::PutImmReply { req, error } => match self.take(req)?.0 {
+                PendingOp::PutImm { ep, comp } => match (error, comp) {
+                    (None, Some(comp)) => comp.finish(Ok(())),
+                    (None, None) => {}
+                    (Some(e), Some(comp)) => comp.finish(Err(e.into())),
+                    (Some(e), None) => {
+                        // Nobody waits for this put: its refusal goes to the
+                        // endpoint's next flush, as a plain put's does.
+                        self.nacks.entry(ep).or_insert(e.into());
+                    }
+                },
+                other => {
+                    other.finish(Err(mismatch("put with immediate data")));
+                    return Err(mismatch("put with immediate data"));
+                }
+            },
             Header::Nack { req, error } => {
                 if !self.nack_fits(req) {
                     return Err(UctError::Protocol(format!(
@@ -528,6 +550,57 @@ mod tests {
         let put = r.next_req(a);
         assert!(r.on_reply(nack(req_id(b, req_seq(put))), vec![]).is_err());
         r.on_reply(nack(put), vec![]).unwrap();
+    }
+
+    fn put_imm(r: &mut Requests, ep: u32, comp: Option<&Completion>) -> u64 {
+        let req = r.next_req(ep);
+        let op = PendingOp::PutImm {
+            ep,
+            comp: comp.cloned(),
+        };
+        r.add(req, op, 0);
+        req
+    }
+
+    #[test]
+    fn a_put_imm_completes_with_its_answer_and_a_refusal_without_a_waiter_goes_to_the_flush() {
+        let mut r = Requests::default();
+        let ep = r.new_ep_id();
+        let reply = |req, error| Header::PutImmReply { req, error };
+        let (ok, refused) = (Completion::new(), Completion::new());
+        let (a, b) = (
+            put_imm(&mut r, ep, Some(&ok)),
+            put_imm(&mut r, ep, Some(&refused)),
+        );
+        r.on_reply(reply(a, None), vec![]).unwrap();
+        r.on_reply(reply(b, Some(WireError::BadSecret)), vec![])
+            .unwrap();
+        assert_eq!(ok.result(), Ok(()));
+        assert_eq!(refused.result(), Err(UctError::BadSecret));
+        // Answered with a completion: the next flush owes nothing.
+        let (f, comp) = flush(&mut r, ep);
+        r.on_reply(Header::FlushReply { req: f }, vec![]).unwrap();
+        assert_eq!(comp.result(), Ok(()));
+        // Without a completion, the refusal is the next flush's.
+        let c = put_imm(&mut r, ep, None);
+        let denied = WireError::AccessDenied {
+            needed: 2,
+            granted: 1,
+        };
+        r.on_reply(reply(c, Some(denied)), vec![]).unwrap();
+        let (f, comp) = flush(&mut r, ep);
+        r.on_reply(Header::FlushReply { req: f }, vec![]).unwrap();
+        assert!(matches!(comp.result(), Err(UctError::AccessDenied { .. })));
+        // A put with immediate data awaits its own answer: a Nack of it, a
+        // second answer, or an answer of the wrong kind is refused.
+        let d = put_imm(&mut r, ep, None);
+        assert!(r.on_reply(nack(d), vec![]).is_err());
+        assert!(r.on_reply(Header::FlushReply { req: d }, vec![]).is_err());
+        let e = put_imm(&mut r, ep, None);
+        r.on_reply(reply(e, None), vec![]).unwrap();
+        assert!(r.on_reply(reply(e, None), vec![]).is_err());
+        let (f, _) = flush(&mut r, ep);
+        assert!(r.on_reply(reply(f, None), vec![]).is_err());
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! `[header length u32][data length u32][header][data]`, little-endian;
 //! the header is a postcard-encoded [`Header`], the data raw bytes (an
 //! active message's payload, a put's bytes, a get's reply). Decoding bytes
-//! from a peer returns a frame or an error, never a panic.
+//! from a peer returns a frame or an error, never a panic. Kinds added
+//! later go at the end of [`Header`], so that the ones before keep their
+//! numbers on the wire.
 
 use serde::{Deserialize, Serialize};
 use uct_core::{Access, UctError};
@@ -170,6 +172,20 @@ pub enum Header {
         cookie: u64,
         echo: u64,
     },
+    /// Write the data at `addr`, then hand `imm` to the target's immediate
+    /// handler; answered by PutImmReply, whether it was done or refused.
+    PutImm {
+        req: u64,
+        key: WireKey,
+        addr: u64,
+        imm: u32,
+    },
+    /// Answer to PutImm: the data is in place and the immediate delivered
+    /// (`error` None), or the put was refused and nothing delivered.
+    PutImmReply {
+        req: u64,
+        error: Option<WireError>,
+    },
 }
 
 /// Encodes a frame's prefix and header; the data follows separately.
@@ -271,7 +287,7 @@ pub fn check_data_len(header: &Header, data_len: usize) -> Result<(), String> {
     let ok = match header {
         Header::Get { .. } | Header::Atomic { .. } | Header::AtomicReply { .. } => data_len == 0,
         Header::Flush { .. } | Header::FlushReply { .. } | Header::Nack { .. } => data_len == 0,
-        Header::Hello { .. } => data_len == 0,
+        Header::Hello { .. } | Header::PutImmReply { .. } => data_len == 0,
         _ => true,
     };
     if ok {
@@ -321,6 +337,33 @@ mod tests {
             }
         ));
         assert_eq!(parse(&f[..5], 1 << 20).unwrap(), Parsed::Incomplete);
+    }
+
+    #[test]
+    fn kinds_keep_their_numbers_on_the_wire() {
+        // The first byte of an encoded header is its kind's number: the
+        // kinds added last must not renumber the ones a peer already speaks.
+        let first = |h: &Header| postcard::to_stdvec(h).unwrap()[0];
+        assert_eq!(first(&Header::Am { id: 1 }), 0);
+        let hello = Header::Hello {
+            addr: [0; 16],
+            port: 0,
+            cookie: 0,
+            echo: 0,
+        };
+        assert_eq!(first(&hello), 9);
+        let put_imm = Header::PutImm {
+            req: 1,
+            key: KEY,
+            addr: 2,
+            imm: 3,
+        };
+        assert_eq!(first(&put_imm), 10);
+        let reply = Header::PutImmReply {
+            req: 1,
+            error: None,
+        };
+        assert_eq!(first(&reply), 11);
     }
 
     #[test]
@@ -454,6 +497,14 @@ mod tests {
                 cookie: 9,
                 echo: 10,
             },
+            Header::PutImmReply {
+                req: 7,
+                error: None,
+            },
+            Header::PutImmReply {
+                req: 8,
+                error: Some(error.clone()),
+            },
         ];
         for h in &fixed {
             assert_eq!(check_data_len(h, 0), Ok(()));
@@ -478,6 +529,12 @@ mod tests {
                 req: 1,
                 key: KEY,
                 addr: 8,
+            },
+            Header::PutImm {
+                req: 1,
+                key: KEY,
+                addr: 8,
+                imm: u32::MAX,
             },
             Header::GetReply {
                 req: 1,

@@ -1,5 +1,6 @@
 //! Finding 12.2: what one peer can make a tcp iface spend is bounded. Gets
-//! are not executed while their replies pile up unread; Nacks are accepted
+//! (and puts with immediate data, each answered) are not executed while
+//! their replies pile up unread; Nacks are accepted
 //! only for requests outstanding; gets in flight are capped; one progress
 //! call has a budget; accepted links are capped and closed when they do not
 //! say Hello within UCT_BOOTSTRAP_TIMEOUT; junk connections cost a
@@ -90,6 +91,57 @@ fn get_flood_is_bounded() -> Result<(), Failed> {
     })?;
     victim
         .legit_transfer(3)
+        .map_err(|e| format!("a well-behaved peer during the flood: {e}"))?;
+    drop(s);
+    Ok(())
+}
+
+/// A peer floods puts with immediate data (each answered; two million,
+/// zero-length, so that the answers outgrow what the kernel buffers) and
+/// never reads the answers: the victim must stop executing them once the
+/// answers pile up (the flood stalls), stay bounded in memory, and still
+/// serve a well-behaved peer.
+fn put_imm_flood_is_bounded() -> Result<(), Failed> {
+    let victim = Victim::spawn(&[]);
+    let key = common::wire_key(&victim.rkey);
+    let (rss0, _) = common::rss_kib(victim.pid());
+    let mut s = hello_link(&victim)?;
+    const BATCH: u64 = 4096;
+    let mut sent = 0u64;
+    let mut stalled = false;
+    for b in 0..512u64 {
+        let batch: Vec<u8> = (b * BATCH..(b + 1) * BATCH)
+            .flat_map(|req| {
+                let put = Header::PutImm {
+                    req,
+                    key,
+                    addr: victim.addr,
+                    imm: req as u32,
+                };
+                frame(&put, &[])
+            })
+            .collect();
+        if !write_all(&mut s, &batch, Duration::from_secs(2), || {
+            std::thread::sleep(Duration::from_millis(1))
+        }) {
+            stalled = true;
+            break;
+        }
+        sent += BATCH;
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let grew_mib = grew_mib(&victim, rss0);
+    println!("put_imm flood: {sent} puts sent before the victim stopped reading, victim grew {grew_mib} MiB");
+    ensure(stalled, || {
+        format!(
+            "the victim took all {sent} puts with immediate data while their answers were unread"
+        )
+    })?;
+    ensure(grew_mib < 32, || {
+        format!("the victim grew {grew_mib} MiB answering {sent} puts nobody reads")
+    })?;
+    victim
+        .legit_transfer(5)
         .map_err(|e| format!("a well-behaved peer during the flood: {e}"))?;
     drop(s);
     Ok(())
@@ -520,6 +572,7 @@ fn main() {
     let args = Arguments::from_args();
     let trials = vec![
         Trial::test("get_flood_is_bounded", get_flood_is_bounded),
+        Trial::test("put_imm_flood_is_bounded", put_imm_flood_is_bounded),
         Trial::test(
             "many_links_flooding_gets_are_bounded_in_all",
             many_links_flooding_gets_are_bounded_in_all,

@@ -1,7 +1,8 @@
 //! A tcp listener fed 10,000 random frames by a hostile peer keeps serving:
 //! each nonsense frame closes only that connection, every request with a
 //! key that matches nothing is answered (decoded with tl-tcp's codec) with
-//! the error it deserves, and a good peer then completes a transfer.
+//! the error it deserves (a put with immediate data delivers no immediate),
+//! and a good peer then completes a transfer.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -26,7 +27,7 @@ impl Rng {
 }
 
 /// A random frame, and the request in it when it is one that must be
-/// answered (a put, a get or a fetching atomic).
+/// answered (a put, a put with immediate data, a get or a fetching atomic).
 fn random_frame(rng: &mut Rng) -> (Vec<u8>, Option<Header>) {
     let key = WireKey {
         region_id: rng.next(),
@@ -34,7 +35,7 @@ fn random_frame(rng: &mut Rng) -> (Vec<u8>, Option<Header>) {
     };
     let req = rng.next();
     let addr = rng.next();
-    let header = match rng.next() % 9 {
+    let header = match rng.next() % 10 {
         // Pure noise.
         0 => {
             let n = 1 + (rng.next() % 64) as usize;
@@ -75,11 +76,20 @@ fn random_frame(rng: &mut Rng) -> (Vec<u8>, Option<Header>) {
             req,
             error: WireError::BadSecret,
         },
+        8 => Header::PutImm {
+            req,
+            key,
+            addr,
+            imm: rng.next() as u32,
+        },
         _ => Header::Am {
             id: (rng.next() % 300) as u8,
         },
     };
-    let data = if matches!(header, Header::Put { .. } | Header::Am { .. }) {
+    let data = if matches!(
+        header,
+        Header::Put { .. } | Header::PutImm { .. } | Header::Am { .. }
+    ) {
         let n = (rng.next() % 256) as usize;
         rng.bytes(n)
     } else {
@@ -89,7 +99,7 @@ fn random_frame(rng: &mut Rng) -> (Vec<u8>, Option<Header>) {
     f.extend(data);
     let request = matches!(
         header,
-        Header::Put { .. } | Header::Get { .. } | Header::Atomic { .. }
+        Header::Put { .. } | Header::PutImm { .. } | Header::Get { .. } | Header::Atomic { .. }
     );
     (f, request.then_some(header))
 }
@@ -137,6 +147,13 @@ fn check_reply(request: &Header, reply: &Header, max_data: usize) {
         (Header::Put { req, key, .. }, Header::Nack { req: r, error }) => {
             r == req && *error == no_region(key)
         }
+        (
+            Header::PutImm { req, key, .. },
+            Header::PutImmReply {
+                req: r,
+                error: Some(error),
+            },
+        ) => r == req && *error == no_region(key),
         (
             Header::Get { req, key, len, .. },
             Header::GetReply {
@@ -213,6 +230,13 @@ fn ten_thousand_random_frames_then_a_good_transfer() {
             }
         }),
     )
+    .unwrap();
+    // No immediate of a put with a key that matches nothing may arrive.
+    let imms = Arc::new(AtomicUsize::new(0));
+    let i = imms.clone();
+    rx.set_imm_handler(Box::new(move |_| {
+        i.fetch_add(1, Ordering::SeqCst);
+    }))
     .unwrap();
 
     let listener = tl_tcp::address::parse_addr(&rx.device_address(), &rx.iface_address())
@@ -333,4 +357,9 @@ fn ten_thousand_random_frames_then_a_good_transfer() {
     mem.read(100, &mut got).unwrap();
     assert_eq!(&got, b"still works");
     assert_eq!(delivered.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        imms.load(Ordering::SeqCst),
+        0,
+        "an immediate of a refused put"
+    );
 }

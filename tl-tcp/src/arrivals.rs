@@ -1,0 +1,94 @@
+//! What a link received for the handlers: active messages and the
+//! immediates of puts with immediate data, in the order their frames came.
+//! They are gathered under the link's lock and delivered after it is
+//! released (a handler may send on the same link), one queue for both, so
+//! that a peer's messages and immediates reach the handlers in the order it
+//! sent them, as on rc (one receive queue) and self (one event queue).
+
+use uct_core::{AmHandlers, ImmEvent, ImmHandlerSlot};
+
+/// One arrival: an active message (its id, and where its bytes are in
+/// [`Arrivals::bytes`]), or an immediate whose data is already in place.
+enum Arrival {
+    Am { id: u8, at: usize, len: usize },
+    Imm(ImmEvent),
+}
+
+/// The arrivals of one link's progress, in order.
+#[derive(Default)]
+pub(crate) struct Arrivals {
+    list: Vec<Arrival>,
+    bytes: Vec<u8>,
+}
+
+impl Arrivals {
+    /// Adds a received active message.
+    pub(crate) fn push_am(&mut self, id: u8, data: &[u8]) {
+        let at = self.bytes.len();
+        self.bytes.extend_from_slice(data);
+        self.list.push(Arrival::Am {
+            id,
+            at,
+            len: data.len(),
+        });
+    }
+
+    /// Adds the immediate of a put whose `len` bytes are in place.
+    pub(crate) fn push_imm(&mut self, imm: u32, len: usize) {
+        self.list.push(Arrival::Imm(ImmEvent { imm, len }));
+    }
+
+    /// Hands every arrival to its handler, in order, and empties the batch.
+    pub(crate) fn deliver(&mut self, handlers: &mut AmHandlers, imm: &mut ImmHandlerSlot) {
+        for arrival in &self.list {
+            match *arrival {
+                Arrival::Am { id, at, len } => {
+                    handlers.deliver(id, &self.bytes[at..at + len]);
+                }
+                Arrival::Imm(event) => {
+                    imm.deliver(event);
+                }
+            }
+        }
+        self.list.clear();
+        self.bytes.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn messages_and_immediates_are_delivered_in_the_order_they_came() {
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let mut handlers = AmHandlers::new("tcp");
+        let s = seen.clone();
+        handlers
+            .set(
+                3,
+                Box::new(move |m| {
+                    s.lock()
+                        .unwrap()
+                        .push(format!("am{}", String::from_utf8_lossy(m.data)))
+                }),
+            )
+            .unwrap();
+        let mut imm = ImmHandlerSlot::new("tcp");
+        let s = seen.clone();
+        imm.set(Box::new(move |e| {
+            s.lock().unwrap().push(format!("imm{}/{}", e.imm, e.len))
+        }));
+        let mut batch = Arrivals::default();
+        batch.push_am(3, b"a");
+        batch.push_imm(1, 10);
+        batch.push_imm(2, 0);
+        batch.push_am(3, b"b");
+        batch.deliver(&mut handlers, &mut imm);
+        assert_eq!(*seen.lock().unwrap(), ["ama", "imm1/10", "imm2/0", "amb"]);
+        // Emptied: nothing is delivered twice.
+        batch.deliver(&mut handlers, &mut imm);
+        assert_eq!(seen.lock().unwrap().len(), 4);
+    }
+}
