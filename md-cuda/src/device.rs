@@ -1,0 +1,171 @@
+//! One GPU: its identity (ordinal, model, memory, bus id, DMA-buf export),
+//! and its primary context, retained on first use and made current on
+//! each thread that calls the driver for it.
+
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::driver::{CuDevice, CuHandle, Driver, ATTR_DMA_BUF_SUPPORTED};
+use crate::error::{CudaError, Result};
+
+/// A retained primary context.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Context(NonNull<c_void>);
+
+// SAFETY: a CUcontext is a handle the driver API accepts from any thread
+// (cuCtxSetCurrent binds it to the calling thread); the pointer is never
+// dereferenced here.
+unsafe impl Send for Context {}
+// SAFETY: as above: shared references only copy the handle.
+unsafe impl Sync for Context {}
+
+/// One GPU of this host, as the driver numbers it.
+pub struct Device {
+    drv: Arc<Driver>,
+    handle: CuDevice,
+    /// The driver's ordinal (what CUDA_VISIBLE_DEVICES leaves visible).
+    pub ordinal: i32,
+    /// `cuda<ordinal>`: the memory domain's and transport device's name.
+    pub name: String,
+    /// The GPU's model, e.g. `NVIDIA H100 80GB HBM3`.
+    pub model: String,
+    /// Device memory in bytes.
+    pub total_mem: u64,
+    /// PCI bus id, `0000:3b:00.0`.
+    pub bus_id: String,
+    /// CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, and an export call present.
+    pub dmabuf: bool,
+    /// Retained on first use: a context costs GPU memory, and most
+    /// programs that load the module never touch this GPU.
+    ctx: OnceLock<std::result::Result<Context, CudaError>>,
+    /// Whether a copy was ever queued on this GPU: freeing memory then
+    /// waits for the GPU's work first (see [`Device::quiesce`]).
+    copies: AtomicBool,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.name)
+            .field("model", &self.model)
+            .field("bus_id", &self.bus_id)
+            .finish()
+    }
+}
+
+/// Restores the context that was current before [`Device::enter`], where
+/// there was another one: a caller's own context (PyTorch's current
+/// device) is not changed behind its back. Where none was current, ours
+/// stays, which spares the next call two driver calls.
+pub struct Entered<'a> {
+    drv: &'a Driver,
+    previous: Option<CuHandle>,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        if let Some(prev) = self.previous.take() {
+            // SAFETY: `prev` was current on this thread when the guard was
+            // made; its owner (the caller's code) still holds it.
+            if let Err(e) = unsafe { self.drv.ctx_set_current(prev) } {
+                log::warn!("cuda: restoring the caller's context: {e}");
+            }
+        }
+    }
+}
+
+impl Device {
+    /// Opens ordinal `ordinal` (after `cuInit`): reads its identity, and
+    /// retains nothing yet.
+    pub fn open(drv: Arc<Driver>, ordinal: i32) -> Result<Device> {
+        let handle = drv.device(ordinal)?;
+        let model = drv.device_name(handle)?;
+        let total_mem = drv.device_total_mem(handle)?;
+        let bus_id = drv.device_bus_id(handle)?;
+        let dmabuf = drv.has_dmabuf_export()
+            && drv.device_attribute(handle, ATTR_DMA_BUF_SUPPORTED)? != 0;
+        Ok(Device {
+            drv,
+            handle,
+            ordinal,
+            name: format!("cuda{ordinal}"),
+            model,
+            total_mem,
+            bus_id,
+            dmabuf,
+            ctx: OnceLock::new(),
+            copies: AtomicBool::new(false),
+        })
+    }
+
+    /// The driver this device was opened with.
+    pub fn driver(&self) -> &Arc<Driver> {
+        &self.drv
+    }
+
+    fn context(&self) -> Result<Context> {
+        self.ctx
+            .get_or_init(|| {
+                let raw = self.drv.primary_ctx_retain(self.handle)?;
+                NonNull::new(raw).map(Context).ok_or(CudaError::Driver {
+                    call: format!("cuDevicePrimaryCtxRetain(device {})", self.ordinal),
+                    code: crate::result::UNKNOWN,
+                    name: None,
+                })
+            })
+            .clone()
+    }
+
+    /// Makes this GPU's primary context current on the calling thread (it
+    /// is retained on the first call) until the guard drops.
+    pub fn enter(&self) -> Result<Entered<'_>> {
+        let ours = self.context()?.0.as_ptr();
+        let current = self.drv.ctx_current()?;
+        if current == ours {
+            return Ok(Entered {
+                drv: &self.drv,
+                previous: None,
+            });
+        }
+        // SAFETY: `ours` is the primary context this device retained, held
+        // until the device drops.
+        unsafe { self.drv.ctx_set_current(ours) }?;
+        Ok(Entered {
+            drv: &self.drv,
+            previous: (!current.is_null()).then_some(current),
+        })
+    }
+
+    /// Notes that copies are queued on this GPU (streams do, before each).
+    pub fn note_copies(&self) {
+        if !self.copies.load(Ordering::Relaxed) {
+            self.copies.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Waits until every copy queued on this GPU has finished, so that
+    /// memory a copy may still touch can be freed. Nothing to wait for
+    /// where no copy was ever queued or no context was retained. Errors
+    /// are logged: this runs in `Drop`.
+    pub fn quiesce(&self) {
+        if !self.copies.load(Ordering::Relaxed) || self.ctx.get().is_none() {
+            return;
+        }
+        let synced = self.enter().and_then(|_in| self.drv.ctx_synchronize());
+        if let Err(e) = synced {
+            log::error!("{}: waiting for queued copies before a free: {e}", self.name);
+        }
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        if let Some(Ok(_)) = self.ctx.get() {
+            if let Err(e) = self.drv.primary_ctx_release(self.handle) {
+                log::warn!("{}: releasing the primary context: {e}", self.name);
+            }
+        }
+    }
+}
