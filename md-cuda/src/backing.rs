@@ -98,7 +98,10 @@ pub(crate) fn export(dev: &Device, shared: &Shared, addr: u64, len: u64) -> Resu
         {
             Ok(fd) => {
                 if i > 0 {
-                    log::info!("{}: DMA-buf exported without the PCIe mapping flag", dev.name);
+                    log::info!(
+                        "{}: DMA-buf exported without the PCIe mapping flag",
+                        dev.name
+                    );
                 }
                 return Ok(MemInfo {
                     mem_type: MemoryType::Cuda,

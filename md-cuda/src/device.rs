@@ -84,8 +84,8 @@ impl Device {
         let model = drv.device_name(handle)?;
         let total_mem = drv.device_total_mem(handle)?;
         let bus_id = drv.device_bus_id(handle)?;
-        let dmabuf = drv.has_dmabuf_export()
-            && drv.device_attribute(handle, ATTR_DMA_BUF_SUPPORTED)? != 0;
+        let dmabuf =
+            drv.has_dmabuf_export() && drv.device_attribute(handle, ATTR_DMA_BUF_SUPPORTED)? != 0;
         Ok(Device {
             drv,
             handle,
@@ -155,7 +155,10 @@ impl Device {
         }
         let synced = self.enter().and_then(|_in| self.drv.ctx_synchronize());
         if let Err(e) = synced {
-            log::error!("{}: waiting for queued copies before a free: {e}", self.name);
+            log::error!(
+                "{}: waiting for queued copies before a free: {e}",
+                self.name
+            );
         }
     }
 }

@@ -197,7 +197,11 @@ impl Driver {
         }
         // SAFETY: on success the driver points `text` at a static
         // NUL-terminated string, which lives as long as the library.
-        Some(unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned())
+        Some(
+            unsafe { CStr::from_ptr(text) }
+                .to_string_lossy()
+                .into_owned(),
+        )
     }
 
     /// `Ok` for CUDA_SUCCESS, else the named error of `call`.
@@ -515,12 +519,7 @@ impl Driver {
         // size_t), through the N pointers in `data`, which point at the N
         // 8-byte `slots`; all live until the call returns.
         let rc = unsafe {
-            (self.pointer_get_attributes)(
-                N as c_uint,
-                attrs.as_mut_ptr(),
-                data.as_mut_ptr(),
-                ptr,
-            )
+            (self.pointer_get_attributes)(N as c_uint, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr)
         };
         (rc, slots)
     }

@@ -25,7 +25,9 @@ pub enum CudaError {
         name: Option<String>,
     },
 
-    #[error("the CUDA driver loaded but found no GPU; check `nvidia-smi` and CUDA_VISIBLE_DEVICES")]
+    #[error(
+        "the CUDA driver loaded but found no GPU; check `nvidia-smi` and CUDA_VISIBLE_DEVICES"
+    )]
     NoDevices,
 
     #[error("{device}: an allocation or registration of 0 bytes; ask for at least one byte")]
@@ -35,7 +37,11 @@ pub enum CudaError {
     NotOwned { device: String, addr: u64, len: u64 },
 
     #[error("{device}: {addr:#x} is memory of GPU {ordinal} (cuda{ordinal}); register it with that memory domain")]
-    OtherDevice { device: String, addr: u64, ordinal: i32 },
+    OtherDevice {
+        device: String,
+        addr: u64,
+        ordinal: i32,
+    },
 
     #[error("{device}: [{addr:#x}, +{len}) runs past the end of its CUDA allocation [{base:#x}, +{size}); register a range inside one allocation")]
     PastAllocation {
@@ -52,7 +58,9 @@ pub enum CudaError {
     #[error("{device}: this GPU cannot export DMA-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0: it needs CUDA 11.7+, the open kernel modules (nvidia-open) and a data-center GPU); load nvidia_peermem for NICs to reach it instead")]
     ExportUnsupported { device: String },
 
-    #[error("{device}: the range [{addr:#x}, +{len}) cannot be page-aligned inside the address space")]
+    #[error(
+        "{device}: the range [{addr:#x}, +{len}) cannot be page-aligned inside the address space"
+    )]
     BadRange { device: String, addr: u64, len: u64 },
 }
 

@@ -75,7 +75,13 @@ impl CudaMd {
         let name = || self.dev.name.clone();
         match info.kind {
             PointerKind::Device => {}
-            PointerKind::Managed => return Err(CudaError::Managed { device: name(), addr }.into()),
+            PointerKind::Managed => {
+                return Err(CudaError::Managed {
+                    device: name(),
+                    addr,
+                }
+                .into())
+            }
             PointerKind::NotCuda | PointerKind::PinnedHost => {
                 return Err(CudaError::NotOwned {
                     device: name(),
@@ -168,7 +174,10 @@ impl CudaMd {
         match unsafe { self.dev.driver().host_register(ptr, len) } {
             Ok(()) => Ok(true),
             Err(e) if e.code() == Some(result::HOST_MEMORY_ALREADY_REGISTERED) => {
-                log::debug!("{}: {ptr:p} was pinned already; used as it is", self.dev.name);
+                log::debug!(
+                    "{}: {ptr:p} was pinned already; used as it is",
+                    self.dev.name
+                );
                 Ok(false)
             }
             Err(e) => Err(e.into()),
@@ -267,7 +276,9 @@ impl MemoryDomain for CudaMd {
                 let pinned = unsafe { self.pin(alloc.as_ptr(), len) }?;
                 let addr = alloc.as_ptr() as u64;
                 // SAFETY: the allocation is kept by the backing.
-                Ok(unsafe { self.handle(Memory::HostAlloc { alloc, pinned }, addr, len, access, None) })
+                Ok(unsafe {
+                    self.handle(Memory::HostAlloc { alloc, pinned }, addr, len, access, None)
+                })
             }
             other => Err(UctError::MemoryTypeUnsupported {
                 mem_type: other,
@@ -288,7 +299,9 @@ impl MemoryDomain for CudaMd {
     unsafe fn register(&self, addr: *mut u8, len: usize, access: Access) -> Result<MemHandle> {
         self.zero(len)?;
         if addr.is_null() {
-            return Err(UctError::InvalidParam("cannot register a null address".into()));
+            return Err(UctError::InvalidParam(
+                "cannot register a null address".into(),
+            ));
         }
         let at = addr as u64;
         let info = self.pointer_info(at)?;
@@ -310,12 +323,18 @@ impl MemoryDomain for CudaMd {
 
     fn register_handle(&self, mem: &MemHandle, access: Access) -> Result<MemHandle> {
         let ours = mem.md_name() == self.dev.name
-            && mem.backing().as_any().downcast_ref::<CudaBacking>().is_some();
+            && mem
+                .backing()
+                .as_any()
+                .downcast_ref::<CudaBacking>()
+                .is_some();
         if ours {
             return Ok(mem.clone());
         }
         match mem.mem_type() {
-            MemoryType::Cuda => self.register_device(mem.addr(), mem.len(), access, Some(mem.clone())),
+            MemoryType::Cuda => {
+                self.register_device(mem.addr(), mem.len(), access, Some(mem.clone()))
+            }
             MemoryType::Host => {
                 let ptr = mem.host_ptr(0, mem.len())?;
                 // SAFETY: `mem` keeps the memory mapped and moves into the
@@ -326,7 +345,11 @@ impl MemoryDomain for CudaMd {
                     pinned,
                 };
                 // SAFETY: the owner handle keeps the memory mapped.
-                Ok(unsafe { self.handle(memory, mem.addr(), mem.len(), access, Some(mem.clone())) })
+                Ok(
+                    unsafe {
+                        self.handle(memory, mem.addr(), mem.len(), access, Some(mem.clone()))
+                    },
+                )
             }
             other => Err(UctError::MemoryTypeUnsupported {
                 mem_type: other,

@@ -116,10 +116,19 @@ mod tests {
     #[test]
     fn host_pointers_are_not_cuda_memory_whichever_way_the_driver_says_so() {
         let none = [[0u8; 8]; 5];
-        assert_eq!(decode(result::INVALID_VALUE, &none).unwrap().kind, PointerKind::NotCuda);
-        assert_eq!(decode(result::SUCCESS, &none).unwrap().kind, PointerKind::NotCuda);
+        assert_eq!(
+            decode(result::INVALID_VALUE, &none).unwrap().kind,
+            PointerKind::NotCuda
+        );
+        assert_eq!(
+            decode(result::SUCCESS, &none).unwrap().kind,
+            PointerKind::NotCuda
+        );
         let array = slots(MEMORYTYPE_ARRAY, false, 0, 0, 0);
-        assert_eq!(decode(result::SUCCESS, &array).unwrap().kind, PointerKind::NotCuda);
+        assert_eq!(
+            decode(result::SUCCESS, &array).unwrap().kind,
+            PointerKind::NotCuda
+        );
     }
 
     #[test]
@@ -133,7 +142,10 @@ mod tests {
 
     #[test]
     fn pinned_and_managed_memory_are_told_apart() {
-        let pinned = decode(result::SUCCESS, &slots(MEMORYTYPE_HOST, false, -1, 0x1000, 4096));
+        let pinned = decode(
+            result::SUCCESS,
+            &slots(MEMORYTYPE_HOST, false, -1, 0x1000, 4096),
+        );
         assert_eq!(pinned.unwrap().kind, PointerKind::PinnedHost);
         assert_eq!(pinned.unwrap().ordinal, None);
         let unified = decode(result::SUCCESS, &slots(MEMORYTYPE_UNIFIED, false, 0, 0, 0));
@@ -146,7 +158,13 @@ mod tests {
     #[test]
     fn other_failures_are_the_drivers() {
         let none = [[0u8; 8]; 5];
-        assert_eq!(decode(result::NOT_INITIALIZED, &none), Err(result::NOT_INITIALIZED));
-        assert_eq!(decode(result::DEINITIALIZED, &none), Err(result::DEINITIALIZED));
+        assert_eq!(
+            decode(result::NOT_INITIALIZED, &none),
+            Err(result::NOT_INITIALIZED)
+        );
+        assert_eq!(
+            decode(result::DEINITIALIZED, &none),
+            Err(result::DEINITIALIZED)
+        );
     }
 }

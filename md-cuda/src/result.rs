@@ -78,7 +78,10 @@ const TABLE: &[(CuResult, &str, &str)] = &[
 
 /// The name of a code this table knows.
 pub fn name(code: CuResult) -> Option<&'static str> {
-    TABLE.iter().find(|(c, _, _)| *c == code).map(|(_, n, _)| *n)
+    TABLE
+        .iter()
+        .find(|(c, _, _)| *c == code)
+        .map(|(_, n, _)| *n)
 }
 
 /// What to do about a code; empty where there is nothing to add.

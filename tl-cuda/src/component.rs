@@ -163,7 +163,10 @@ mod tests {
             component: "self".into(),
             ..entry.clone()
         };
-        assert!(matches!(unpack_rkey(&other), Err(UctError::RkeyMismatch { .. })));
+        assert!(matches!(
+            unpack_rkey(&other),
+            Err(UctError::RkeyMismatch { .. })
+        ));
         let wrapping = RkeyEntry {
             payload: encode_payload(&SoftRkey {
                 base: u64::MAX,

@@ -11,8 +11,8 @@ use std::sync::{Arc, Weak};
 use md_cuda::Event;
 use uct_core::region_table::SoftRkey;
 use uct_core::{
-    Access, AtomicValue, Completion, Endpoint, FetchOp, Iov, MemoryType, RemoteKey, Result,
-    Status, UctError,
+    Access, AtomicValue, Completion, Endpoint, FetchOp, Iov, MemoryType, RemoteKey, Result, Status,
+    UctError,
 };
 
 use crate::iface::{Inner, Shared, MAX_IOV, MAX_ZCOPY, TRANSPORT};
@@ -57,7 +57,11 @@ impl CudaCopyEp {
         if rkey.component() != md_cuda::COMPONENT {
             return Err(UctError::RkeyMismatch {
                 expected: "an rkey of a cuda memory domain".into(),
-                found: format!("memory domain {} of component {}", rkey.md(), rkey.component()),
+                found: format!(
+                    "memory domain {} of component {}",
+                    rkey.md(),
+                    rkey.component()
+                ),
             });
         }
         rkey.downcast::<SoftRkey>(rkey.md())

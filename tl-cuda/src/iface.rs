@@ -73,7 +73,9 @@ impl Drop for Inner {
             log::error!("cuda_copy: waiting for the stream of a closing iface: {e}");
         }
         let result = waited.map_err(|e| {
-            UctError::Canceled(format!("the cuda_copy iface closed and its stream failed: {e}"))
+            UctError::Canceled(format!(
+                "the cuda_copy iface closed and its stream failed: {e}"
+            ))
         });
         self.queue
             .drain(result)

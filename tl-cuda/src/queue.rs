@@ -257,8 +257,13 @@ mod tests {
         let mut q = OpQueue::new(4);
         let c = Completion::new();
         q.push(Flag::new(), Some(&c), vec![]);
-        let done = q.drain(Err(UctError::Canceled("the cuda_copy iface was closed".into())));
-        assert!(!c.is_complete(), "completions fire only when the caller completes them");
+        let done = q.drain(Err(UctError::Canceled(
+            "the cuda_copy iface was closed".into(),
+        )));
+        assert!(
+            !c.is_complete(),
+            "completions fire only when the caller completes them"
+        );
         done.into_iter().for_each(Done::complete);
         assert!(c.is_complete() && c.result().is_err());
         assert!(q.is_empty());

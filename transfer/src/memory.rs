@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use uct_core::host_alloc::HostAlloc;
-use uct_core::{Access, MdFlags, MemHandle, MemoryDomain, MemoryType, RkeyBundle};
+use uct_core::{Access, MdFlags, MemHandle, MemoryDomain, MemoryType, Registry, RkeyBundle};
 
 use crate::error::{Result, TransferError};
 use crate::shared::RegTarget;
@@ -195,6 +195,53 @@ impl Memory {
         // SAFETY: the caller keeps the bytes alive as documented above.
         let regs = unsafe { register_all(&targets, ptr, len, access) }?;
         Memory::build(regs, ptr as u64, len, MemoryType::Host, access, None, None)
+    }
+
+    /// What memory `[ptr, ptr + len)` is, and the memory domain that told:
+    /// each memory domain that detects device memory (md-cuda's
+    /// `cuPointerGetAttributes`, md-gaudi's own allocations) is asked; an
+    /// address none of them claims is host memory, with no memory domain.
+    /// A device pointer of another GPU than the one asked is that GPU's.
+    pub fn detect(ptr: u64, len: usize) -> Result<(MemoryType, Option<String>)> {
+        Ok(match detecting_md(ptr, len) {
+            Some((mem_type, md)) => (mem_type, Some(md.name().to_string())),
+            None => (MemoryType::Host, None),
+        })
+    }
+
+    /// Registers memory the application owns, whatever it is: its type is
+    /// detected ([`Memory::detect`]) and the memory domain that owns it
+    /// (md-cuda for a CUDA pointer, say from PyTorch's `data_ptr()`)
+    /// registers it, then every transport's, as
+    /// [`register_handle`](Self::register_handle) does; host memory is
+    /// registered as [`register_raw`](Self::register_raw) does. Peers get
+    /// every right.
+    ///
+    /// # Safety
+    /// As [`register_raw`](Self::register_raw): the memory (host or
+    /// device) stays allocated until this Memory and every clone and view
+    /// of it are dropped and every operation using it has resolved.
+    pub unsafe fn register(transport: &Transport, ptr: *mut u8, len: usize) -> Result<Memory> {
+        if len == 0 {
+            return Err(TransferError::Config(
+                "a registration of 0 bytes; register at least 1".into(),
+            ));
+        }
+        let Some((mem_type, owner)) = detecting_md(ptr as u64, len) else {
+            // SAFETY: the caller's contract is register_raw's.
+            return unsafe { Memory::register_raw(transport, ptr, len, Access::all()) };
+        };
+        let targets = transport.reg_targets()?;
+        check_reachable(&targets, mem_type)?;
+        let access = Access::all();
+        // SAFETY: the owning MD registers the device pointer, which the
+        // caller keeps allocated as long as this Memory (see above).
+        let handle = unsafe { owner.register(ptr, len, access) }?;
+        log::debug!(
+            "transfer: {len} bytes at {ptr:p} are {mem_type} memory of {}",
+            owner.name()
+        );
+        Memory::from_handle(&targets, handle, access)
     }
 
     /// Registers memory another memory domain allocated (Gaudi HBM from
@@ -389,6 +436,30 @@ impl Memory {
     }
 }
 
+/// The memory domain that claims `[addr, addr + len)` as device memory,
+/// with its type; `None` for host memory (no MD that detects says
+/// otherwise, or there is none, as without a GPU).
+fn detecting_md(addr: u64, len: usize) -> Option<(MemoryType, Arc<dyn MemoryDomain>)> {
+    uct_builtins::link();
+    Registry::global()
+        .memory_domains()
+        .into_iter()
+        .map(|(_, md)| md)
+        .filter(|md| {
+            let a = md.attrs();
+            a.flags.contains(MdFlags::DETECT)
+                && a.detect_mem_types.iter().any(|t| !t.is_host_accessible())
+        })
+        .find_map(|md| match md.detect_mem_type(addr, len) {
+            Ok(t) if !t.is_host_accessible() => Some((t, md)),
+            Ok(_) => None,
+            Err(e) => {
+                log::trace!("transfer: {} does not claim {addr:#x}: {e}", md.name());
+                None
+            }
+        })
+}
+
 fn registers(md: &Arc<dyn MemoryDomain>) -> bool {
     md.attrs().flags.contains(MdFlags::REG)
 }
@@ -454,5 +525,41 @@ impl View {
     /// The memory it is cut from.
     pub fn memory(&self) -> &Memory {
         &self.mem
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_pointer_is_host_memory_where_no_md_claims_it() {
+        let buf = vec![7u8; 4096];
+        let (t, md) = Memory::detect(buf.as_ptr() as u64, buf.len()).unwrap();
+        assert_eq!(t, MemoryType::Host);
+        assert_eq!(md, None);
+    }
+
+    #[test]
+    fn register_falls_back_to_host_memory_and_moves_it() {
+        let a = Transport::builder().transport("self").build().unwrap();
+        let b = Transport::builder().transport("self").build().unwrap();
+        let (ua, ub) = (a.bind().unwrap(), b.bind().unwrap());
+        a.connect(&ub).unwrap();
+        b.connect(&ua).unwrap();
+        let mut src = vec![0x5au8; 8192];
+        // SAFETY: `src` outlives the Memory and the write, awaited below.
+        let mem = unsafe { Memory::register(&a, src.as_mut_ptr(), src.len()) }.unwrap();
+        assert_eq!(mem.mem_type(), MemoryType::Host);
+        assert_eq!(mem.addr(), src.as_ptr() as u64);
+        let dst = Memory::alloc(&b, MemoryType::Host, 8192).unwrap();
+        let remote = crate::RemoteBuffer::parse(&dst.remote_key()).unwrap();
+        a.wait(a.write(&mem.whole(), &remote, false)).unwrap();
+        let mut back = vec![0u8; 8192];
+        dst.read_bytes(0, &mut back).unwrap();
+        assert_eq!(back, src);
+        // SAFETY: a null pointer of 0 bytes is refused before any use.
+        let zero = unsafe { Memory::register(&a, std::ptr::null_mut(), 0) };
+        assert!(matches!(zero, Err(TransferError::Config(_))));
     }
 }
