@@ -95,6 +95,12 @@ impl VerbsError {
             libc::ENOMEM => {
                 "the locked-memory limit is too low for the NIC to pin this memory, or the device is out of resources; raise the memlock limit (ulimit -l unlimited, or memlock in /etc/security/limits.conf) or register less"
             }
+            libc::EFAULT if self.is_dmabuf_import() => {
+                "the NIC could not map the DMA-buf's pages: check that the offset and length lie inside the exported range, and that the exporter lets this NIC map its memory peer-to-peer (PCIe ACS, IOMMU settings)"
+            }
+            libc::EINVAL if self.is_dmabuf_import() => {
+                "the driver refused the DMA-buf's offset, length, iova or access flags (a range that is not page-aligned or runs past the exported buffer, or rights the driver does not grant DMA-buf memory)"
+            }
             libc::EINVAL if to_rtr => {
                 "the peer's address does not fit this port: a GID or MTU mismatch (RoCE v1 against v2, IPv4 against IPv6), a wrong QP number, or UCT_IB_GID_INDEX names a GID of another type than the peer's"
             }
@@ -115,7 +121,7 @@ impl VerbsError {
                 "permission denied: check the permissions of /dev/infiniband/* for this user and the locked-memory limit (ulimit -l)"
             }
             libc::EOPNOTSUPP | ENOTSUPP if self.is_dmabuf_import() => {
-                "the NIC driver or the kernel cannot import this DMA-buf (cannot import DMA-buf: a kernel without RDMA DMA-buf support, or a driver that refuses this exporter)"
+                "the NIC driver or kernel cannot import this DMA-buf; check that the kernel has RDMA DMA-buf support (5.12 or later), rdma-core is 34 or later, the NIC's driver imports DMA-bufs (mlx5, efa, irdma, bnxt_re), and the exporting device's driver allows it (for NVIDIA GPUs: the open kernel modules, CUDA 11.7 or later)"
             }
             libc::EOPNOTSUPP | ENOTSUPP => "the device or its driver does not support this",
             libc::EAGAIN | libc::ENOBUFS => {
@@ -229,12 +235,38 @@ mod tests {
         assert!(text.contains("ENOTSUPP (524"), "{text}");
         assert!(!text.contains("Unknown error"), "{text}");
         assert!(text.contains("cannot import this DMA-buf"), "{text}");
+        assert!(
+            text.contains("5.12") && text.contains("rdma-core"),
+            "{text}"
+        );
+        // The errno text alone never falls back to strerror's wording.
+        assert_eq!(
+            errno_text(ENOTSUPP),
+            "ENOTSUPP (524, operation not supported)"
+        );
+    }
+
+    #[test]
+    fn efault_and_einval_on_dmabuf_import_say_what_to_check() {
+        let f = VerbsError::new("ibv_reg_dmabuf_mr(fd 7)", libc::EFAULT).to_string();
+        assert!(
+            f.contains("EFAULT (14") && f.contains("peer-to-peer"),
+            "{f}"
+        );
+        let i = VerbsError::new("ibv_reg_dmabuf_mr(fd 7)", libc::EINVAL).to_string();
+        assert!(
+            i.contains("EINVAL (22") && i.contains("page-aligned"),
+            "{i}"
+        );
+        // Elsewhere EINVAL keeps its general hint.
+        let other = VerbsError::new("ibv_create_cq", libc::EINVAL).to_string();
+        assert!(!other.contains("DMA-buf"), "{other}");
     }
 
     #[test]
     fn eopnotsupp_on_dmabuf_import_names_the_driver_or_kernel() {
         let e = VerbsError::new("ibv_reg_dmabuf_mr(fd 7)", libc::EOPNOTSUPP);
-        assert!(e.to_string().contains("NIC driver or the kernel"), "{e}");
+        assert!(e.to_string().contains("NIC driver or kernel"), "{e}");
         let other = VerbsError::new("ibv_create_qp", libc::EOPNOTSUPP);
         assert!(!other.to_string().contains("DMA-buf"), "{other}");
     }

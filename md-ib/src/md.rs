@@ -3,7 +3,7 @@
 //! (`ibv_reg_dmabuf_mr`), and packs the keys peers use.
 
 use std::any::Any;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::Arc;
 
 use rdma_sys::*;
@@ -17,7 +17,7 @@ use uct_core::{
 };
 
 use crate::device::DeviceInfo;
-use crate::error::{errno_text, VerbsError, ENOTSUPP};
+use crate::error::{VerbsError, ENOTSUPP};
 use crate::verbs::{Context, Mr, Pd};
 
 /// NICs whose drivers register DMA-bufs.
@@ -73,6 +73,16 @@ pub struct IbBacking {
 }
 
 impl IbBacking {
+    /// A registration of memory `owner` holds (device memory), which the
+    /// backing keeps alive until after the MR is gone.
+    pub(crate) fn of_owner(mr: Mr, owner: MemHandle) -> IbBacking {
+        IbBacking {
+            mr,
+            _alloc: None,
+            _owner: Some(owner),
+        }
+    }
+
     /// The local key of the registration.
     pub fn lkey(&self) -> u32 {
         self.mr.lkey()
@@ -105,7 +115,7 @@ pub struct IbMd {
     dmabuf: bool,
 }
 
-fn verbs_access(access: Access) -> i32 {
+pub(crate) fn verbs_access(access: Access) -> i32 {
     // Remote write and atomics need local write, by the verbs rules.
     let mut flags = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
     if access.contains(Access::REMOTE_READ) {
@@ -213,7 +223,7 @@ impl IbMd {
     /// Where `mem_type` is host-accessible, `[addr, addr + len)` is host
     /// memory that stays valid as long as `backing` (which owns it, or its
     /// owner's handle, or the caller of `register` vouched for it).
-    unsafe fn handle(
+    pub(crate) unsafe fn handle(
         &self,
         backing: IbBacking,
         addr: u64,
@@ -250,6 +260,13 @@ impl MemoryDomain for IbMd {
         if self.dmabuf {
             flags |= MdFlags::REG_DMABUF;
             reg.extend([MemoryType::DmaBuf, MemoryType::Gaudi, MemoryType::Cuda]);
+        } else {
+            // Device memory a peer-memory module serves (nvidia_peermem).
+            reg.extend(
+                MemoryType::ALL
+                    .into_iter()
+                    .filter(|&t| crate::peermem::loaded_for(t).is_some()),
+            );
         }
         MdAttrs {
             flags,
@@ -265,6 +282,14 @@ impl MemoryDomain for IbMd {
             },
             system_device: self.info.pci.clone(),
         }
+    }
+
+    fn description(&self) -> Option<String> {
+        let peer: Vec<&str> = MemoryType::ALL
+            .into_iter()
+            .filter_map(crate::peermem::loaded_for)
+            .collect();
+        Some(crate::peermem::describe(self.dmabuf, &peer))
     }
 
     fn alloc(&self, len: usize, mem_type: MemoryType, access: Access) -> Result<MemHandle> {
@@ -339,61 +364,16 @@ impl MemoryDomain for IbMd {
                 self.handle(backing, mem.addr(), mem.len(), mem.mem_type(), access)
             });
         }
-        // Device memory: ask its owner for a DMA-buf, and register that
-        // with iova = the device VA, so that work requests and rkeys use
-        // device addresses.
-        let info = match mem.query_owner() {
-            Some(r) => r?,
-            None => {
-                return Err(UctError::MemoryTypeUnsupported {
-                    mem_type: mem.mem_type(),
-                    owner: format!("memory domain {}", self.info.name),
-                    hint: format!(
-                        "its owner ({}) exports no DMA-buf for it; allocate it with an MD that can export DMA-buf",
-                        mem.md_name()
-                    ),
-                })
-            }
-        };
-        if !self.dmabuf {
-            return Err(self.dmabuf_refusal(mem.mem_type()));
-        }
-        let (fd, offset) = info.dmabuf.ok_or_else(|| UctError::MemoryTypeUnsupported {
-            mem_type: mem.mem_type(),
-            owner: format!("memory domain {}", self.info.name),
-            hint: format!("its owner ({}) gave no DMA-buf fd for it", mem.md_name()),
-        })?;
-        if self.info.name.starts_with("mlx5")
-            && std::env::var("MLX5_SCATTER_TO_CQE").as_deref() != Ok("0")
-        {
-            // mlx5 may scatter small responses into the CQE and have the CPU
-            // copy them into the buffer, which is device memory here.
-            log::warn!(
-                "{}: registering {} memory with MLX5_SCATTER_TO_CQE unset; set MLX5_SCATTER_TO_CQE=0 so that small RDMA Read responses are not copied by the CPU",
-                self.info.name,
-                mem.mem_type()
-            );
-        }
-        let mr = self
-            .reg_dmabuf(fd.as_fd(), offset, mem.len(), mem.addr(), access)
-            .map_err(|e| match e {
-                UctError::Unsupported { .. } => self.dmabuf_refusal(mem.mem_type()),
-                other => other,
-            })?;
-        // The MR holds its own reference on the DMA-buf; our fd can go.
-        drop(fd);
-        let backing = IbBacking {
-            mr,
-            _alloc: None,
-            _owner: Some(mem.clone()),
-        };
-        // SAFETY: device memory, kept alive by `mem` in the backing.
-        Ok(unsafe { self.handle(backing, mem.addr(), mem.len(), mem.mem_type(), access) })
+        // Device memory: through its owner's DMA-buf, or a peer-memory
+        // module (device_mem.rs).
+        self.register_device(mem, access)
     }
 
     fn refusal(&self, mem_type: MemoryType) -> Option<String> {
-        (!mem_type.is_host_accessible() && !self.dmabuf)
-            .then(|| self.dmabuf_refusal(mem_type).to_string())
+        (!mem_type.is_host_accessible()
+            && !self.dmabuf
+            && crate::peermem::loaded_for(mem_type).is_none())
+        .then(|| self.dmabuf_refusal(mem_type).to_string())
     }
 
     fn pack_rkey(&self, mem: &MemHandle) -> Result<RkeyEntry> {
@@ -453,7 +433,7 @@ impl IbMd {
     }
 
     /// The one message for device memory on a NIC without DMA-buf import.
-    fn dmabuf_refusal(&self, mem_type: MemoryType) -> UctError {
+    pub(crate) fn dmabuf_refusal(&self, mem_type: MemoryType) -> UctError {
         UctError::MemoryTypeUnsupported {
             mem_type,
             owner: format!("NIC {}", self.info.name),
@@ -479,6 +459,33 @@ impl IbMd {
                 ),
             });
         }
+        self.try_reg_dmabuf(fd, offset, len, iova, access)
+            .map_err(|e| {
+                if e.errno == libc::EOPNOTSUPP || e.errno == ENOTSUPP {
+                    // The NIC passed the probe but refuses this exporter: the
+                    // same kind of error as a NIC without DMA-buf import, so
+                    // that callers name the NICs that can.
+                    UctError::Unsupported {
+                        transport: self.info.name.clone(),
+                        operation: format!(
+                            "registering DMA-buf memory: {e}; use a NIC that can: {DMABUF_NICS}"
+                        ),
+                    }
+                } else {
+                    e.into()
+                }
+            })
+    }
+
+    /// `ibv_reg_dmabuf_mr`, its failure with the errno as the call left it.
+    pub(crate) fn try_reg_dmabuf(
+        &self,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> std::result::Result<Mr, VerbsError> {
         // SAFETY: the PD is live (self holds it) and the fd is borrowed, so
         // open, for the call; the driver takes its own reference on the
         // DMA-buf, so the MR does not depend on our fd.
@@ -492,31 +499,14 @@ impl IbMd {
                 verbs_access(access),
             )
         };
-        // Read errno before anything else can change it.
-        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
         let call = format!(
             "ibv_reg_dmabuf_mr(fd {}, offset {offset}, {len} bytes, iova {iova:#x})",
             fd.as_raw_fd()
         );
-        if mr_ptr.is_null() {
-            if errno == libc::EOPNOTSUPP || errno == ENOTSUPP {
-                // The NIC passed the probe but refuses this exporter: the
-                // same kind of error as a NIC without DMA-buf import, so
-                // that register_handle names the NICs that can.
-                return Err(UctError::Unsupported {
-                    transport: self.info.name.clone(),
-                    operation: format!(
-                        "registering DMA-buf memory: {call} failed with {}, this NIC cannot import DMA-buf from this exporter; use a NIC that can: {DMABUF_NICS}",
-                        errno_text(errno)
-                    ),
-                });
-            }
-            return Err(VerbsError::new(call, errno).on(&self.info.name).into());
-        }
-        // SAFETY: `mr_ptr` is an MR just registered on self.pd (not null,
-        // checked above) that nothing else owns.
-        let mr = unsafe { Mr::from_raw(mr_ptr, &self.pd, call) };
-        Ok(mr?)
+        // SAFETY: `mr_ptr` is null or an MR just registered on self.pd
+        // that nothing else owns; on null, from_raw reads the errno the
+        // call left (nothing ran in between).
+        unsafe { Mr::from_raw(mr_ptr, &self.pd, call) }
     }
 }
 

@@ -1,0 +1,125 @@
+//! The two ways a NIC reaches device memory, and which this host offers:
+//! a DMA-buf the device's MD exports (`ibv_reg_dmabuf_mr`), or a kernel
+//! peer-memory client that lets `ibv_reg_mr` take the device pointer
+//! itself (`nvidia_peermem` for CUDA memory). md-ib knows memory types,
+//! not their owners: the only thing it knows of CUDA is the name of the
+//! module that serves its memory type.
+
+use std::path::Path;
+
+use uct_core::MemoryType;
+
+use crate::error::ENOTSUPP;
+
+/// The kernel module that lets `ibv_reg_mr` register a device pointer of
+/// `mem_type`, where there is one.
+pub fn module_for(mem_type: MemoryType) -> Option<&'static str> {
+    match mem_type {
+        MemoryType::Cuda => Some("nvidia_peermem"),
+        _ => None,
+    }
+}
+
+/// Whether kernel module `name` is loaded, as `/sys/module/<name>` under
+/// `sys` (`/sys` on a host) says.
+pub fn module_loaded(sys: &Path, name: &str) -> bool {
+    sys.join("module").join(name).is_dir()
+}
+
+/// The peer-memory module for `mem_type`, when it is loaded here.
+pub fn loaded_for(mem_type: MemoryType) -> Option<&'static str> {
+    module_for(mem_type).filter(|m| module_loaded(Path::new("/sys"), m))
+}
+
+/// Errnos of `ibv_reg_dmabuf_mr` (or of the export before it) after which
+/// the peer-memory path is worth trying: the NIC driver or kernel cannot
+/// import the DMA-buf (EOPNOTSUPP, ENOTSUPP), or refuses this exporter's
+/// buffer (EINVAL, EFAULT), as users of UCX, NIXL and libfabric saw.
+pub fn falls_back_after(errno: i32) -> bool {
+    matches!(
+        errno,
+        libc::EOPNOTSUPP | ENOTSUPP | libc::EINVAL | libc::EFAULT
+    )
+}
+
+/// How a registration of device memory reached the NIC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegPath {
+    /// `ibv_reg_dmabuf_mr` of the owner's DMA-buf.
+    DmaBuf,
+    /// `ibv_reg_mr` of the device pointer, through a peer-memory module.
+    PeerMem(&'static str),
+}
+
+impl std::fmt::Display for RegPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RegPath::DmaBuf => f.write_str("DMA-buf (ibv_reg_dmabuf_mr)"),
+            RegPath::PeerMem(m) => write!(f, "ibv_reg_mr of the device pointer through {m}"),
+        }
+    }
+}
+
+/// The registration paths a NIC offers device memory, for
+/// `transport-info`: `dmabuf` is whether its driver imports DMA-bufs,
+/// `peer` the peer-memory modules loaded here.
+pub fn describe(dmabuf: bool, peer: &[&str]) -> String {
+    let dmabuf = if dmabuf {
+        "DMA-buf (ibv_reg_dmabuf_mr)"
+    } else {
+        "no DMA-buf import"
+    };
+    if peer.is_empty() {
+        format!(
+            "device memory: {dmabuf}; no peer-memory module loaded (nvidia_peermem: not loaded)"
+        )
+    } else {
+        format!(
+            "device memory: {dmabuf}; ibv_reg_mr of device pointers through {} (loaded)",
+            peer.join(", ")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_memory_is_served_by_nvidia_peermem_and_nothing_else_is() {
+        assert_eq!(module_for(MemoryType::Cuda), Some("nvidia_peermem"));
+        assert_eq!(module_for(MemoryType::Gaudi), None);
+        assert_eq!(module_for(MemoryType::Host), None);
+    }
+
+    #[test]
+    fn a_module_is_loaded_when_sys_module_lists_it() {
+        let root = std::env::temp_dir().join(format!("md-ib-peermem-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("module/nvidia_peermem")).unwrap();
+        assert!(module_loaded(&root, "nvidia_peermem"));
+        assert!(!module_loaded(&root, "ib_core"));
+        std::fs::remove_dir_all(&root).unwrap();
+        assert!(!module_loaded(&root, "nvidia_peermem"));
+    }
+
+    #[test]
+    fn the_fallback_follows_the_errnos_users_hit() {
+        for e in [libc::EOPNOTSUPP, ENOTSUPP, libc::EINVAL, libc::EFAULT] {
+            assert!(falls_back_after(e), "{e}");
+        }
+        for e in [libc::ENOMEM, libc::EPERM, libc::EACCES, libc::EBADF, 0] {
+            assert!(!falls_back_after(e), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_paths_are_described_for_transport_info() {
+        let both = describe(true, &["nvidia_peermem"]);
+        assert!(both.contains("ibv_reg_dmabuf_mr") && both.contains("nvidia_peermem (loaded)"));
+        let none = describe(false, &[]);
+        assert!(
+            none.contains("no DMA-buf import") && none.contains("not loaded"),
+            "{none}"
+        );
+    }
+}
