@@ -1,0 +1,95 @@
+"""The Pending objects under asyncio: 64 writes gathered, waits awaited, and
+the same Pending both awaited and waited on."""
+
+import asyncio
+
+import numpy as np
+import pytest
+import uct_rs
+from conftest import LIMIT, TWO_PROCESS, memory_for, pattern, transport
+
+WRITES = 64
+SLOT = 16 << 10
+
+
+def pair(tl):
+    a, b = transport(tl), transport(tl)
+    ua, ub = a.bind(), b.bind()
+    a.connect(ub)
+    b.connect(ua)
+    return a, b
+
+
+@pytest.mark.parametrize("tl", TWO_PROCESS)
+def test_gather_of_64_writes(tl):
+    a, b = pair(tl)
+    src, src_arr = memory_for(a, tl, WRITES * SLOT)
+    dst, dst_arr = memory_for(b, tl, WRITES * SLOT)
+    src_arr[:] = pattern(64, WRITES * SLOT)
+    remote = uct_rs.RemoteBuffer(dst.remote_key())
+
+    async def main():
+        writes = [
+            a.write(src.view(i * SLOT, SLOT), remote.slice(i * SLOT, SLOT), tag=i)
+            for i in range(WRITES)
+        ]
+        waits = [b.wait_for_write_async() for _ in range(WRITES)]
+        done = await asyncio.wait_for(asyncio.gather(*writes), LIMIT)
+        notes = await asyncio.wait_for(asyncio.gather(*waits), LIMIT)
+        return done, notes
+
+    done, notes = asyncio.run(main())
+    assert done == [None] * WRITES
+    assert sorted(n.tag for n in notes) == list(range(WRITES))
+    assert all(n.nbytes == SLOT for n in notes)
+    assert np.array_equal(dst_arr, src_arr)
+    assert a.stats()["writes"] == WRITES
+
+
+def test_an_await_is_woken_by_a_write_made_later():
+    """The wait is awaited before the write exists: the dispatcher thread
+    wakes the event loop when the notification lands."""
+    a, b = pair("tcp")
+    src, _ = memory_for(a, "tcp", 4096)
+    dst, _ = memory_for(b, "tcp", 4096)
+
+    async def main():
+        waiting = asyncio.ensure_future(b.wait_for_write_async())
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await a.write(src, dst.remote_key(), tag=9)
+        return await asyncio.wait_for(waiting, LIMIT)
+
+    note = asyncio.run(main())
+    assert (note.nbytes, note.tag) == (4096, 9)
+
+
+def test_a_pending_awaited_and_waited_on_resolves_both():
+    a, b = pair("tcp")
+    src, _ = memory_for(a, "tcp", 4096)
+    dst, _ = memory_for(b, "tcp", 4096)
+
+    async def main():
+        pending = b.wait_for_write_async()
+        awaited = asyncio.ensure_future(pending)
+        await asyncio.sleep(0.05)
+        with pytest.raises(uct_rs.Timeout):
+            pending.wait(0.05)
+        a.write(src, dst.remote_key(), tag=3).wait(LIMIT)
+        # Blocking here takes the notification; the await sees it too.
+        assert pending.wait(LIMIT).tag == 3
+        return await asyncio.wait_for(awaited, LIMIT)
+
+    assert asyncio.run(main()).tag == 3
+
+
+def test_await_raises_the_operations_error():
+    a, b = pair("tcp")
+    src, _ = memory_for(a, "tcp", 4096)
+    dst, _ = memory_for(b, "tcp", 1024)
+
+    async def main():
+        await a.write(src, dst.remote_key())
+
+    with pytest.raises(ValueError, match="local view has 4096 bytes and the remote slice 1024"):
+        asyncio.run(main())
