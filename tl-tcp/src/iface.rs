@@ -22,7 +22,7 @@ use uct_core::{
     MemoryDomain, MemoryType, Result, SizeLimits, UctError,
 };
 
-use crate::address::{iface_addr, ip_bytes, new_cookie, parse_addr, IFACE_ADDR_LEN};
+use crate::address::{iface_addr, ip_bytes, new_cookie, parse_addr, PeerAddr, IFACE_ADDR_LEN};
 use crate::arrivals::Arrivals;
 use crate::component::Settings;
 use crate::conn::{Conn, Payload};
@@ -152,10 +152,12 @@ pub struct TcpIface {
     refused: u64,
     /// Reused by progress: the poll set (the listener first, then one entry
     /// per link), the links polled, whether each is reading a large put,
-    /// and the active messages and immediates received.
+    /// the ifaces this one dialled (whose immediates it delivers), and the
+    /// active messages and immediates received.
     pfds: Vec<libc::pollfd>,
     polled: Vec<Arc<Mutex<Link>>>,
     reading: Vec<bool>,
+    connected: Vec<PeerAddr>,
     arrivals: Arrivals,
     /// The links' writes counted at the last progress call: when they
     /// changed, this side wrote something since, and idle links send the
@@ -190,6 +192,7 @@ impl TcpIface {
             pfds: Vec::new(),
             polled: Vec::new(),
             reading: Vec::new(),
+            connected: Vec::new(),
             arrivals: Arrivals::default(),
             writes: 0,
         })
@@ -395,9 +398,14 @@ impl Iface for TcpIface {
         });
         let reading = &mut self.reading;
         reading.clear();
+        let connected = &mut self.connected;
+        connected.clear();
         let mut writes = 0u64;
         for link in &links {
             let state = link.lock().unwrap_or_else(|p| p.into_inner());
+            if let Role::Dialled(peer) = state.role {
+                connected.push(peer);
+            }
             pfds.push(state.poll_fd().unwrap_or(libc::pollfd {
                 fd: -1,
                 events: 0,
@@ -416,8 +424,9 @@ impl Iface for TcpIface {
         let mut events = 0;
         for (i, link) in links.iter().enumerate() {
             let mut state = link.lock().unwrap_or_else(|p| p.into_inner());
+            state.release_held(&self.connected, &mut self.arrivals);
             if (ready > 0 && self.pfds[1 + i].revents != 0) || self.reading[i] {
-                events += state.progress(&self.table, &mut self.arrivals);
+                events += state.progress(&self.table, &mut self.arrivals, &self.connected);
             } else {
                 state.idle(wrote);
             }

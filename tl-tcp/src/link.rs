@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 use uct_core::region_table::RegionTable;
 use uct_core::{Access, UctError};
 
-use crate::arrivals::Arrivals;
+use crate::address::PeerAddr;
+use crate::arrivals::{Arrivals, Hold};
 use crate::conn::{Conn, Payload};
 use crate::execute::{execute, put_outcome, table_key};
 use crate::hello::{check_hello, frame_name, Role};
@@ -125,6 +126,8 @@ pub(crate) struct Link {
     /// The peer has sent a request on this link: it is in use, and never
     /// closed to make room for a new connection.
     carried_request: bool,
+    /// Arrivals held until this iface connects to the peer (`arrivals.rs`).
+    hold: Hold,
 }
 
 impl Link {
@@ -144,6 +147,7 @@ impl Link {
             paused: false,
             last_frame: now,
             carried_request: false,
+            hold: Hold::default(),
         }
     }
 
@@ -325,15 +329,31 @@ impl Link {
         }
     }
 
+    /// Hands the arrivals held for the peer to `arrivals` once this iface
+    /// has connected to it (`connected`: the ifaces it dialled).
+    pub(crate) fn release_held(&mut self, connected: &[PeerAddr], arrivals: &mut Arrivals) {
+        if self.hold.release(self.role.peer(), connected, arrivals) {
+            // Requests it stopped executing while full go on.
+            self.backlog = true;
+        }
+    }
+
     /// Writes, reads, executes requests and matches replies, within the
     /// budget of one call; active messages and immediates go to
-    /// `arrivals`. A link that fails is marked failed and closed; a peer
-    /// that sends nonsense is cut off.
-    pub(crate) fn progress(&mut self, table: &Arc<RegionTable>, arrivals: &mut Arrivals) -> usize {
+    /// `arrivals`, or are held while the peer, not among the ifaces this
+    /// one connected to (`connected`), may not deliver immediates. A link
+    /// that fails is marked failed and closed; a peer that sends nonsense
+    /// is cut off.
+    pub(crate) fn progress(
+        &mut self,
+        table: &Arc<RegionTable>,
+        arrivals: &mut Arrivals,
+        connected: &[PeerAddr],
+    ) -> usize {
         if self.failed.is_some() {
             return 0;
         }
-        match self.progress_inner(table, arrivals) {
+        match self.progress_inner(table, arrivals, connected) {
             Ok(n) => n,
             Err(e) => {
                 if matches!(e, UctError::Protocol(_)) {
@@ -366,6 +386,7 @@ impl Link {
         &mut self,
         table: &Arc<RegionTable>,
         arrivals: &mut Arrivals,
+        connected: &[PeerAddr],
     ) -> Result<usize> {
         let mut frames = 0;
         let mut bytes = 0;
@@ -379,9 +400,13 @@ impl Link {
                         frames += 1;
                         if let Some(put) = self.direct.take() {
                             let done = refused.map_or(Ok(()), Err);
-                            if let Some(reply) =
-                                put_outcome(arrivals, put.req, put.imm, put.len, done)
-                            {
+                            if let Some(reply) = put_outcome(
+                                self.hold.target(arrivals),
+                                put.req,
+                                put.imm,
+                                put.len,
+                                done,
+                            ) {
                                 self.conn.queue_reply(&reply, Payload::None)?;
                             }
                         }
@@ -432,12 +457,17 @@ impl Link {
                 if !is_reply(header) {
                     self.carried_request = true;
                 }
-                if !is_reply(header) && self.replies_wait() {
-                    // The peer has not taken its answers yet: its requests
-                    // wait (and, once the receive buffer is full, its
-                    // socket).
+                if !is_reply(header) && (self.replies_wait() || self.hold.is_full()) {
+                    // The peer has not taken its answers yet, or holds all
+                    // it may: its requests wait (and, once the receive
+                    // buffer is full, its socket).
                     self.paused = true;
                     break 'turn;
+                }
+                if matches!(header, Header::PutImm { .. })
+                    && !self.role.peer().is_some_and(|p| connected.contains(&p))
+                {
+                    self.hold.start(&self.peer());
                 }
                 match parsed {
                     Parsed::Frame {
@@ -454,7 +484,7 @@ impl Link {
                             self.requests.on_reply(header, data)?;
                         } else {
                             let data = self.conn.data(data_at, data_len);
-                            let reply = execute(table, arrivals, header, data)?;
+                            let reply = execute(table, self.hold.target(arrivals), header, data)?;
                             self.conn.consume(total);
                             if let Some((header, payload)) = reply {
                                 self.conn.queue_reply(&header, payload)?;

@@ -99,8 +99,9 @@ fn get_flood_is_bounded() -> Result<(), Failed> {
 /// A peer floods puts with immediate data (each answered; two million,
 /// zero-length, so that the answers outgrow what the kernel buffers) and
 /// never reads the answers: the victim must stop executing them once the
-/// answers pile up (the flood stalls), stay bounded in memory, and still
-/// serve a well-behaved peer.
+/// answers pile up, or the immediates it holds (the flooder is no iface it
+/// connected to) reach their bound (the flood stalls), stay bounded in
+/// memory, and still serve a well-behaved peer.
 fn put_imm_flood_is_bounded() -> Result<(), Failed> {
     let victim = Victim::spawn(&[]);
     let key = common::wire_key(&victim.rkey);

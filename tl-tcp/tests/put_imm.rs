@@ -3,14 +3,19 @@
 //! are in place, in the order sent, in order with active messages; the put
 //! completes only once the target has executed it; a refused put delivers
 //! no immediate and fails with the error a refused plain put gets; a peer
-//! speaking the frames itself gets the same checks.
+//! speaking the frames itself gets the same checks. Immediates come only
+//! from an iface the target connected to: before that they are held (and
+//! what follows them), from a stranger that claims another's identity
+//! without its cookie for good.
 
 mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{connect, frame, honest_hello, open, own_rkey, read_for, send, to_iface, Peer};
+use common::{
+    connect, frame, hello, honest_hello, open, own_rkey, read_for, send, to_iface, FakePeer, Peer,
+};
 use tl_tcp::wire::{Header, WireError, WireKey};
 use uct_core::region_table::SoftRkey;
 use uct_core::{
@@ -31,19 +36,38 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
         .collect()
 }
 
-/// An initiator iface with an endpoint to a target iface, both on lo.
+/// An initiator iface with an endpoint to a target iface, both on lo, and
+/// the target's endpoint back (immediates come only from an iface the
+/// target connected to).
 struct Pair {
     tx: Box<dyn Iface>,
     ep: Box<dyn Endpoint>,
     rx: Box<dyn Iface>,
+    back: Option<Box<dyn Endpoint>>,
 }
 
 impl Pair {
     fn new() -> Pair {
+        let mut p = Pair::one_way();
+        p.connect_back();
+        p
+    }
+
+    /// Without the endpoint back.
+    fn one_way() -> Pair {
         let mut tx = open();
         let rx = open();
         let ep = tx.create_ep(to_iface(rx.as_ref())).unwrap();
-        Pair { tx, ep, rx }
+        Pair {
+            tx,
+            ep,
+            rx,
+            back: None,
+        }
+    }
+
+    fn connect_back(&mut self) {
+        self.back = Some(self.rx.create_ep(to_iface(self.tx.as_ref())).unwrap());
     }
 
     fn progress(&mut self) {
@@ -428,10 +452,10 @@ fn immediates_with_no_handler_are_dropped_and_the_puts_still_complete() {
     assert_eq!(*seen.lock().unwrap(), [ImmEvent { imm: 77, len: 0 }]);
 }
 
-/// A stranger that speaks the frames itself: a PutImm with a good key is
-/// done and answered; with a bad key, or data past the region, answered
-/// with the refusal and no immediate; an answer sent as a request closes
-/// its link.
+/// A peer that speaks the frames itself, as an iface the target connected
+/// to: a PutImm with a good key is done and answered; with a bad key, or
+/// data past the region, answered with the refusal and no immediate; an
+/// answer sent as a request closes its link.
 #[test]
 fn a_peer_speaking_the_frames_gets_the_same_checks() {
     let mut rx = open();
@@ -444,9 +468,12 @@ fn a_peer_speaking_the_frames_gets_the_same_checks() {
         .pack()
         .unwrap();
     let key = common::wire_key(&packed);
+    // The iface the raw peer claims to be, which the target connects to.
+    let fake = FakePeer::new(0xfa4e);
+    let _back = rx.create_ep(fake.peer.ep_params()).unwrap();
     let peer = Peer::of_iface(rx.as_ref());
     let mut s = connect(peer.socket_addr());
-    let mut bytes = honest_hello(peer);
+    let mut bytes = hello(fake.peer, peer.cookie);
     let put = |req, key, addr, imm| Header::PutImm {
         req,
         key,
@@ -525,4 +552,130 @@ fn a_peer_speaking_the_frames_gets_the_same_checks() {
         Duration::from_secs(2)
     ));
     assert_eq!(seen.lock().unwrap().len(), 2);
+}
+
+/// Before the target connects back, the initiator's puts with immediate
+/// data are done and answered, their immediates (and the active messages
+/// after them) held; once it connects back, all come, in order.
+#[test]
+fn immediates_wait_for_the_target_to_connect_back_then_come_in_order() {
+    let mut p = Pair::one_way();
+    let order = Arc::new(Mutex::new(Vec::<String>::new()));
+    let o = order.clone();
+    p.rx.set_imm_handler(Box::new(move |e| {
+        o.lock().unwrap().push(format!("imm{}", e.imm))
+    }))
+    .unwrap();
+    let o = order.clone();
+    p.rx.set_am_handler(
+        5,
+        Box::new(move |m| o.lock().unwrap().push(format!("am{}", m.data[0]))),
+    )
+    .unwrap();
+    let (target, rkey) = p.target(64, Access::all());
+    let src = p.source(&pattern(64, 5));
+    assert_eq!(p.ep.am_bcopy(5, &[0]).unwrap(), Status::Done);
+    for i in 1..=3u8 {
+        let comp = Completion::new();
+        p.post(&comp, |ep, c| {
+            ep.put_zcopy_imm(
+                &[Iov::new(&src, 0, 64)],
+                target.addr(),
+                &rkey,
+                i as u32,
+                Some(c),
+            )
+        })
+        .unwrap();
+        assert_eq!(p.ep.am_bcopy(5, &[10 + i]).unwrap(), Status::Done);
+    }
+    p.flush().unwrap();
+    for _ in 0..100 {
+        p.progress();
+    }
+    let mut got = vec![0u8; 64];
+    target.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(64, 5), "the puts were not done");
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["am0"],
+        "held arrivals were delivered"
+    );
+    p.connect_back();
+    let t0 = Instant::now();
+    while order.lock().unwrap().len() < 7 && t0.elapsed() < Duration::from_secs(5) {
+        p.progress();
+    }
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["am0", "imm1", "am11", "imm2", "am12", "imm3", "am13"]
+    );
+}
+
+/// A stranger that knows the target's address claims to be an iface the
+/// target connected to, without that iface's cookie: its puts are done
+/// (its key is good), its immediates never delivered.
+#[test]
+fn a_stranger_without_the_peers_cookie_never_delivers_an_immediate() {
+    let mut rx = open();
+    let seen = record_imms(rx.as_mut());
+    let mem = rx.md().alloc(64, MemoryType::Host, Access::all()).unwrap();
+    let packed = uct_core::RkeyBundle::single(rx.md().pack_rkey(&mem).unwrap())
+        .pack()
+        .unwrap();
+    let key = common::wire_key(&packed);
+    let fake = FakePeer::new(0xfa4e);
+    let _back = rx.create_ep(fake.peer.ep_params()).unwrap();
+    let peer = Peer::of_iface(rx.as_ref());
+    for claim in [
+        Peer {
+            cookie: fake.peer.cookie ^ 1,
+            ..fake.peer
+        },
+        Peer {
+            port: fake.peer.port.wrapping_add(1),
+            ..fake.peer
+        },
+    ] {
+        let mut s = connect(peer.socket_addr());
+        let mut bytes = hello(claim, peer.cookie);
+        let put = Header::PutImm {
+            req: 1,
+            key,
+            addr: mem.addr(),
+            imm: 66,
+        };
+        bytes.extend(frame(&put, b"x"));
+        assert!(send(&mut s, &bytes));
+        let got = read_for(&mut s, Duration::from_millis(300), || {
+            rx.progress();
+        });
+        assert!(
+            got.frames.iter().any(|h| matches!(
+                h,
+                Header::PutImmReply {
+                    req: 1,
+                    error: None
+                }
+            )),
+            "{:?}",
+            got.frames
+        );
+        assert!(seen.lock().unwrap().is_empty(), "a stranger's immediate");
+    }
+    // A stranger that says nothing of who it is cannot either.
+    let mut s = connect(peer.socket_addr());
+    let mut bytes = honest_hello(peer);
+    let put = Header::PutImm {
+        req: 1,
+        key,
+        addr: mem.addr(),
+        imm: 67,
+    };
+    bytes.extend(frame(&put, b"y"));
+    assert!(send(&mut s, &bytes));
+    read_for(&mut s, Duration::from_millis(300), || {
+        rx.progress();
+    });
+    assert!(seen.lock().unwrap().is_empty(), "a stranger's immediate");
 }
