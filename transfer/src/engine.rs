@@ -4,15 +4,20 @@
 //!
 //! A write moves zero-copy from the registered view, split at the
 //! transport's largest zcopy. Its notification is, on transports with
-//! immediate data (rc, self), the immediate of its single put; elsewhere
-//! (and for a write split in pieces) an active message after the data:
+//! immediate data (rc, self, tcp), the immediate of its single put, which
+//! completes only once it has landed (rc: the peer's acknowledgement;
+//! self: in the call; tcp: the target's answer) and is never delivered
+//! when the peer refuses it. Elsewhere (posix), and for a write split in
+//! pieces (whose notification must carry the whole length), an active
+//! message after the data:
 //! - where a put completes once it has landed (posix, self, rc), after a
 //!   fence, so that the receiver never sees a notification before its
 //!   bytes;
-//! - where a put completes when it has left (tcp), only once a flush says
-//!   it landed, so that a write the peer refused (a stale or forged key, a
-//!   read-only buffer) is never notified. Those notifications wait in
-//!   order in [`Engine::notices`] while later writes go on.
+//! - where a put completes when it has left (tcp, for a write over 16 MiB
+//!   split in pieces), only once a flush says it landed, so that a write
+//!   the peer refused (a stale or forged key, a read-only buffer) is never
+//!   notified. Those notifications wait in order in [`Engine::notices`]
+//!   while later writes go on.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -191,7 +196,10 @@ pub(crate) struct Engine {
 /// Transports whose put completes once it has landed at the peer: rc (the
 /// NIC's completion follows the peer's acknowledgement) and those that
 /// write the peer's memory in the call (self, posix, cma). Every other
-/// transport's writes are flushed, each, before their futures resolve.
+/// transport's writes are flushed, each, before their futures resolve,
+/// but for a notified write sent as one put with immediate data, which
+/// completes once it has landed wherever there is one (tcp: the target
+/// answers it).
 const REMOTE_COMPLETION: [&str; 4] = ["rc", "self", "posix", "cma"];
 
 /// Turns of progress between two liveness probes of the endpoint.
@@ -395,10 +403,10 @@ fn advance_part(
         Dir::Read => how.max_get,
     };
     // One immediate write carries the notification when the write fits one
-    // zcopy (not where a write completes when it has left: there the
-    // notification waits for a flush).
-    let by_imm =
-        p.tag.is_some() && how.notify == NotifyPath::Immediate && !how.flush_each && p.len <= max;
+    // zcopy: a put with immediate data completes once it has landed, on
+    // every transport that has it (tcp's too: the target answers it), so
+    // it needs no flush of its own.
+    let by_imm = p.tag.is_some() && how.notify == NotifyPath::Immediate && p.len <= max;
     if op.stage == Stage::Data {
         while op.done < p.len || (by_imm && p.len == 0 && op.done == 0) {
             let piece = (p.len - op.done).min(max);
@@ -420,8 +428,13 @@ fn advance_part(
                 break;
             }
         }
+        // The immediate was the notification, and its put completes once
+        // it has landed: nothing follows.
+        if by_imm {
+            return Ok(true);
+        }
         let flushed_each = how.flush_each && p.dir == Dir::Write;
-        if (p.tag.is_none() || by_imm) && !flushed_each {
+        if p.tag.is_none() && !flushed_each {
             return Ok(true);
         }
         op.stage = Stage::Fence;

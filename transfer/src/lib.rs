@@ -10,7 +10,8 @@
 //! - [`Transport::write`] returns a future; with `notify`, the peer's
 //!   [`Transport::wait_for_write`] resolves once the bytes have landed.
 //!   On rc the notification is the immediate of one RDMA WRITE WITH
-//!   IMMEDIATE; elsewhere an active message after the data.
+//!   IMMEDIATE, on tcp and self of one put with immediate data; elsewhere
+//!   (and for a write split in pieces) an active message after the data.
 //! - The futures are plain `std::future::Future`s: any executor runs them.
 //!   Progress comes from a thread the Transport owns, or from the caller
 //!   ([`Progress::Manual`], [`Transport::progress`]).

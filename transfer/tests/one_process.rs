@@ -44,12 +44,12 @@ fn ping_pong_over_every_transport() {
             );
             cmem.write_bytes(0, &[0; 100]).unwrap();
             within("client's read", &drive, r).unwrap();
-            // self has immediate data; posix and tcp notify by message.
+            // self and tcp have immediate data; posix notifies by message.
             let (imm, msg) = (
                 client.stats().notifications_received_by_immediate,
                 client.stats().notifications_received_by_message,
             );
-            let want = if tl == "self" { (1, 0) } else { (0, 1) };
+            let want = if tl == "posix" { (0, 1) } else { (1, 0) };
             assert_eq!((imm, msg), want, "{tl}: how the ping's notification came");
             assert_eq!(server.stats().writes, 1, "{tl}");
         }
@@ -258,8 +258,8 @@ fn poll_now<F: std::future::Future>(fut: F) -> Option<F::Output> {
 
 /// A write larger than a piece is split; its notification comes once, by
 /// message, after all of it, with its whole length, also on transports
-/// whose single-piece writes notify by immediate (self); a write of one
-/// piece there still goes by immediate.
+/// whose single-piece writes notify by immediate (self, tcp); a write of
+/// one piece there still goes by immediate.
 #[test]
 fn a_write_split_in_pieces_notifies_once_after_all_of_it() {
     for tl in TRANSPORTS {
@@ -289,7 +289,7 @@ fn a_write_split_in_pieces_notifies_once_after_all_of_it() {
         dst.read_bytes(0, &mut got).unwrap();
         assert_eq!(got, pattern, "{tl}");
         let s = b.stats();
-        let want = if tl == "self" { (1, 1) } else { (0, 2) };
+        let want = if tl == "posix" { (0, 2) } else { (1, 1) };
         assert_eq!(
             (
                 s.notifications_received_by_immediate,

@@ -67,9 +67,9 @@ fn build(tl: &str) -> Transport {
     common::transport(tl, Progress::Thread)
 }
 
-/// How `tl` notifies: by immediate on rc, by message on posix and tcp.
+/// How `tl` notifies: by immediate on rc and tcp, by message on posix.
 fn by_immediate(tl: &str) -> bool {
-    tl == "rc"
+    tl == "rc" || tl == "tcp"
 }
 
 /// A transport other than `tl` that runs wherever `tl` does, for the
