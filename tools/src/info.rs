@@ -270,8 +270,10 @@ fn md_report(
     }
 }
 
-/// Components without transports whose memory domains are absent, with the
-/// reason (for example gaudi without hl-thunk).
+/// Components whose memory domains are absent, with the reason: those
+/// without transports (gaudi without hl-thunk), and those that found no
+/// memory domain at all (cuda without the CUDA driver, whose cuda_copy is
+/// then listed among the absent transports too).
 #[derive(Debug, Serialize)]
 pub struct AbsentMdReport {
     pub component: String,
@@ -284,7 +286,7 @@ pub fn absent_mds(reg: &Registry) -> Vec<AbsentMdReport> {
         .into_iter()
         .filter(|(c, _)| {
             reg.component(c)
-                .is_some_and(|comp| comp.transport_names().is_empty())
+                .is_some_and(|comp| comp.transport_names().is_empty() || comp.md_names().is_err())
         })
         .map(|(component, reason)| AbsentMdReport { component, reason })
         .collect()

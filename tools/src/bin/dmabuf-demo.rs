@@ -1,9 +1,10 @@
 //! dmabuf-demo: what the seed's rdma-dmabuf client and server set out to
 //! show, done with verification. Two processes over rc: Send/Recv
 //! iterations, then RDMA Write, then RDMA Read, each checked byte by byte.
-//! Memory is host or Gaudi (HBM exported as a DMA-buf and imported by the
-//! NIC); the CPU cannot read Gaudi memory, so there the data is checked by
-//! moving it back to host memory over the NIC. A TCP handshake replaces
+//! Memory is host, Gaudi or CUDA (device memory exported as a DMA-buf and
+//! imported by the NIC, or for CUDA reached through nvidia_peermem); the
+//! CPU cannot read device memory, so there the data is checked by moving
+//! it back to host memory over the NIC. A TCP handshake replaces
 //! sleeps; the exit status says whether everything was verified.
 
 use std::sync::{Arc, Mutex};
@@ -23,8 +24,8 @@ use uct_core::{
 #[derive(Parser, Debug)]
 #[command(
     name = "dmabuf-demo",
-    about = "Zero-copy RDMA between two processes over rc, on host or Gaudi memory, with every byte verified",
-    after_help = "Examples:\n  dmabuf-demo server                         wait for a client on port 18516\n  dmabuf-demo client 192.168.1.10            run Send/Recv, RDMA Write and RDMA Read against it\n  dmabuf-demo server -m gaudi -d mlx5_0      Gaudi HBM on the server, registered with mlx5_0 as a DMA-buf\n  dmabuf-demo client HOST -s 4M -n 100 -g 3  4 MiB, 100 iterations, GID index 3\n\nExit status: 0 when every phase was verified, 1 on a failure (named), 2 on bad usage.\nGaudi memory needs a NIC that imports DMA-buf (mlx5, efa, irdma, bnxt_re); the CPU\ncannot read it, so it is checked by moving the data back to host memory over the NIC."
+    about = "Zero-copy RDMA between two processes over rc, on host, Gaudi or CUDA memory, with every byte verified",
+    after_help = "Examples:\n  dmabuf-demo server                         wait for a client on port 18516\n  dmabuf-demo client 192.168.1.10            run Send/Recv, RDMA Write and RDMA Read against it\n  dmabuf-demo server -m gaudi -d mlx5_0      Gaudi HBM on the server, registered with mlx5_0 as a DMA-buf\n  dmabuf-demo server -m cuda -d mlx5_0       CUDA memory of cuda0 (DMA-buf, or nvidia_peermem)\n  dmabuf-demo client HOST -s 4M -n 100 -g 3  4 MiB, 100 iterations, GID index 3\n\nExit status: 0 when every phase was verified, 1 on a failure (named), 2 on bad usage.\nDevice memory needs a NIC that imports DMA-buf (mlx5, efa, irdma, bnxt_re; for cuda\nnvidia_peermem also works); the CPU cannot read it, so it is checked by moving the data back to host memory over the NIC."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -68,7 +69,7 @@ struct Opts {
     /// Iterations of each phase.
     #[arg(short = 'n', long = "iters", default_value_t = 10)]
     iters: u64,
-    /// Memory of this side's buffers: host or gaudi.
+    /// Memory of this side's buffers: host, gaudi or cuda (cuda0).
     #[arg(short = 'm', long = "mem", default_value = "host", value_parser = parse_mem)]
     mem: MemoryType,
     /// Seconds to wait for the peer (connect, handshake, each phase).
@@ -85,9 +86,9 @@ fn parse_size(s: &str) -> Result<usize, String> {
 
 fn parse_mem(s: &str) -> Result<MemoryType, String> {
     match MemoryType::parse(s) {
-        Ok(t @ (MemoryType::Host | MemoryType::Gaudi)) => Ok(t),
+        Ok(t @ (MemoryType::Host | MemoryType::Gaudi | MemoryType::Cuda)) => Ok(t),
         Ok(t) => Err(format!(
-            "{t} memory is not supported here; use host or gaudi"
+            "{t} memory is not supported here; use host, gaudi or cuda"
         )),
         Err(e) => Err(e.to_string()),
     }
@@ -230,7 +231,7 @@ fn open_side(reg: &Registry, opts: &Opts, nbufs: usize) -> Result<Side> {
             String::new()
         } else {
             format!(
-                ", DMA-buf registered with {}; checked through host memory over the NIC",
+                ", registered with {} as device memory; checked through host memory over the NIC",
                 res.md.name()
             )
         }
@@ -511,9 +512,9 @@ fn server(opts: Opts) -> Result<()> {
                 println!(
                     "dmabuf-demo server: send/recv {iters} verified; rdma write checked here {checked} times{}; client says {}",
                     if opts.mem.is_host_accessible() {
-                        ""
+                        String::new()
                     } else {
-                        " (gaudi memory: the client verifies by reading back)"
+                        format!(" ({} memory: the client verifies by reading back)", opts.mem)
                     },
                     if ok { "all verified" } else { "a phase FAILED" }
                 );

@@ -22,7 +22,7 @@ use uct_core::Registry;
     name = "perftest",
     version,
     about = "Measure latency, bandwidth and message rate of a uct-rs transport",
-    after_help = "Modes:\n  perftest -t posix                        loopback in one process: a sweep of put_bw over 8 B..4 MiB\n  perftest --listen -t tcp                 server: waits for one client on -p PORT\n  perftest 127.0.0.1 -t tcp                client: runs the test against that server\n\nExamples:\n  perftest -t posix --test put_lat -s 8\n  perftest -t tcp --test am_bw -s 8:64k -D bcopy\n  perftest -t cma --test get_bw -s 64k,4M --format csv\n  perftest -t posix --test put_bw -s 4k --validate\n\nBandwidth is MiB/s (2^20 bytes) and Gb/s (10^9 bits), counted until the receiver\nconfirms it has the data. Latency tests that ping-pong (put_lat, am_lat, add_lat)\nreport half the round trip, as ucx_perftest does."
+    after_help = "Modes:\n  perftest -t posix                        loopback in one process: a sweep of put_bw over 8 B..4 MiB\n  perftest --listen -t tcp                 server: waits for one client on -p PORT\n  perftest 127.0.0.1 -t tcp                client: runs the test against that server\n\nExamples:\n  perftest -t posix --test put_lat -s 8\n  perftest -t tcp --test am_bw -s 8:64k -D bcopy\n  perftest -t cma --test get_bw -s 64k,4M --format csv\n  perftest -t posix --test put_bw -s 4k --validate\n  perftest -t cuda_copy -m host,cuda -s 64k:256M   host-to-device copies on cuda0\n\nBandwidth is MiB/s (2^20 bytes) and Gb/s (10^9 bits), counted until the receiver\nconfirms it has the data. Latency tests that ping-pong (put_lat, am_lat, add_lat)\nreport half the round trip, as ucx_perftest does."
 )]
 struct Args {
     /// Server to connect to; without it, and without --listen, the test runs
@@ -33,7 +33,7 @@ struct Args {
     #[arg(long)]
     listen: bool,
 
-    /// Transport: self, posix, cma, tcp, rc (what `transport-info -d` lists).
+    /// Transport: self, posix, cma, tcp, rc, cuda_copy (what `transport-info -d` lists).
     #[arg(short = 't', long = "transport", value_name = "NAME")]
     transport: Option<String>,
 
@@ -42,9 +42,12 @@ struct Args {
     device: Option<String>,
 
     /// Memory type of the send side and, after a comma, the receive side:
-    /// host or gaudi. Gaudi memory comes from the first Gaudi MD (hl-thunk,
-    /// UCT_GAUDI_HLTHUNK_LIB) and is registered with the NIC as a DMA-buf;
-    /// it needs rc on a NIC that imports DMA-buf (mlx5, efa, irdma, bnxt_re).
+    /// host, gaudi or cuda. Device memory comes from the first MD that
+    /// allocates it (Gaudi: hl-thunk, UCT_GAUDI_HLTHUNK_LIB; CUDA: the
+    /// driver, libuct_cuda.so) and is registered with the NIC as a DMA-buf
+    /// (rc on mlx5, efa, irdma or bnxt_re; CUDA also through
+    /// nvidia_peermem). `-t cuda_copy -m host,cuda` measures host-to-device
+    /// copies, `-m cuda,host` device-to-host, in one process.
     #[arg(
         short = 'm',
         long = "mem",
