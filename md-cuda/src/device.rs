@@ -4,7 +4,7 @@
 
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::driver::{CuDevice, CuHandle, Driver, ATTR_DMA_BUF_SUPPORTED};
@@ -40,9 +40,10 @@ pub struct Device {
     /// Retained on first use: a context costs GPU memory, and most
     /// programs that load the module never touch this GPU.
     ctx: OnceLock<std::result::Result<Context, CudaError>>,
-    /// Whether a copy was ever queued on this GPU: freeing memory then
-    /// waits for the GPU's work first (see [`Device::quiesce`]).
-    copies: AtomicBool,
+    /// Operations (copies) queued on this GPU's streams and not yet seen
+    /// complete: freeing memory waits for the GPU while there are any (see
+    /// [`Device::quiesce`]).
+    inflight: AtomicUsize,
 }
 
 impl std::fmt::Debug for Device {
@@ -96,7 +97,7 @@ impl Device {
             bus_id,
             dmabuf,
             ctx: OnceLock::new(),
-            copies: AtomicBool::new(false),
+            inflight: AtomicUsize::new(0),
         })
     }
 
@@ -138,19 +139,34 @@ impl Device {
         })
     }
 
-    /// Notes that copies are queued on this GPU (streams do, before each).
-    pub fn note_copies(&self) {
-        if !self.copies.load(Ordering::Relaxed) {
-            self.copies.store(true, Ordering::Relaxed);
-        }
+    /// Counts `n` operations queued on a stream of this GPU; the transport
+    /// counts them while the memory they touch is still locked for them,
+    /// so that a free that comes after sees them.
+    pub fn ops_queued(&self, n: usize) {
+        self.inflight.fetch_add(n, Ordering::SeqCst);
     }
 
-    /// Waits until every copy queued on this GPU has finished, so that
-    /// memory a copy may still touch can be freed. Nothing to wait for
-    /// where no copy was ever queued or no context was retained. Errors
+    /// Counts `n` operations seen complete (or abandoned after a wait).
+    pub fn ops_done(&self, n: usize) {
+        let _ = self
+            .inflight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                Some(v.saturating_sub(n))
+            });
+    }
+
+    /// Operations queued and not yet seen complete.
+    pub fn ops_in_flight(&self) -> usize {
+        self.inflight.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the work queued on this GPU has finished, so that
+    /// memory a queued copy may still touch can be freed: a
+    /// `cuCtxSynchronize`, and only while operations are in flight (it
+    /// also waits for the application's own work in the context). Errors
     /// are logged: this runs in `Drop`.
     pub fn quiesce(&self) {
-        if !self.copies.load(Ordering::Relaxed) || self.ctx.get().is_none() {
+        if self.ops_in_flight() == 0 || self.ctx.get().is_none() {
             return;
         }
         let synced = self.enter().and_then(|_in| self.drv.ctx_synchronize());

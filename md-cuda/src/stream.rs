@@ -52,8 +52,9 @@ impl Stream {
     /// (unified addressing), and stay allocated until the copy completes:
     /// until an [`Event`] recorded after it says so, or the stream is
     /// synchronised.
+    /// Count the operation with [`Device::ops_queued`] before the memory
+    /// it touches may be freed.
     pub unsafe fn copy(&self, dst: CuDevicePtr, src: CuDevicePtr, len: usize) -> Result<()> {
-        self.dev.note_copies();
         let _in = self.dev.enter()?;
         // SAFETY: the stream is live (self owns it) and its context was
         // made current above; the caller vouches for both ranges.

@@ -174,6 +174,9 @@ fn post(
     };
     event.record(&inner.stream)?;
     let hold = iov.iter().map(|p| p.mem.clone()).collect();
+    // Counted while the remote region is still locked for this post: its
+    // deregistration, which waits for the lock, then waits for the GPU.
+    dev.ops_queued(1);
     inner.queue.push(event, comp, hold);
     Ok(Status::InProgress)
 }

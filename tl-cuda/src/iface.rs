@@ -59,7 +59,10 @@ impl Shared {
         };
         // Completions fire, and memory goes back, with the lock let go.
         let n = done.len();
-        done.into_iter().for_each(Done::complete);
+        if n > 0 {
+            self.dev.ops_done(n);
+            done.into_iter().for_each(Done::complete);
+        }
         n
     }
 }
@@ -77,10 +80,9 @@ impl Drop for Inner {
                 "the cuda_copy iface closed and its stream failed: {e}"
             ))
         });
-        self.queue
-            .drain(result)
-            .into_iter()
-            .for_each(Done::complete);
+        let drained = self.queue.drain(result);
+        self.stream.device().ops_done(drained.len());
+        drained.into_iter().for_each(Done::complete);
     }
 }
 
