@@ -27,6 +27,14 @@ pub struct RemoteMem {
     pub rkey: Vec<u8>,
 }
 
+/// The inbox that [`Target::listen`] fills with the target iface's
+/// immediates (puts with immediate data) instead of active messages: no
+/// active-message id is this large. Each entry is the immediate (u32), the
+/// length its put carried (u64) and how many active messages of any id the
+/// target had received before it (u64), little-endian: what order they
+/// came in.
+pub const IMM_INBOX: u8 = u8::MAX;
+
 /// What a conformance case may ask of the target.
 pub trait Target: Send {
     fn device_address(&self) -> Vec<u8>;
@@ -37,7 +45,8 @@ pub trait Target: Send {
     fn write(&mut self, mem: &RemoteMem, offset: usize, data: &[u8]) -> Result<(), String>;
     /// Deregisters and frees.
     fn free(&mut self, mem: &RemoteMem) -> Result<(), String>;
-    /// Starts collecting active messages with `id`.
+    /// Starts collecting active messages with `id`, or the immediates
+    /// ([`IMM_INBOX`]).
     fn listen(&mut self, id: u8) -> Result<(), String>;
     /// Messages received on `id` so far, without taking them.
     fn inbox_len(&mut self, id: u8) -> Result<usize, String>;
@@ -176,6 +185,23 @@ impl Target for InProcess {
             .unwrap_or_else(|e| e.into_inner())
             .entry(id)
             .or_default();
+        if id == IMM_INBOX {
+            return self
+                .iface()?
+                .set_imm_handler(Box::new(move |e| {
+                    let mut inboxes = sink.lock().unwrap_or_else(|e| e.into_inner());
+                    let ams: usize = inboxes
+                        .iter()
+                        .filter(|(id, _)| **id != IMM_INBOX)
+                        .map(|(_, messages)| messages.len())
+                        .sum();
+                    let mut entry = e.imm.to_le_bytes().to_vec();
+                    entry.extend_from_slice(&(e.len as u64).to_le_bytes());
+                    entry.extend_from_slice(&(ams as u64).to_le_bytes());
+                    inboxes.entry(IMM_INBOX).or_default().push(entry);
+                }))
+                .map_err(|e| format!("set immediate handler: {e}"));
+        }
         self.iface()?
             .set_am_handler(
                 id,

@@ -51,7 +51,10 @@ fn required_caps(transport: &str) -> Option<Caps> {
         | Caps::FENCE;
     let cpu_atomics = Caps::ATOMIC32 | Caps::ATOMIC64 | Caps::ATOMIC_SWAP;
     Some(match transport {
-        "self" | "loop" => common | Caps::PUT_SHORT | Caps::GET_SHORT | Caps::AM | cpu_atomics,
+        "self" => {
+            common | Caps::PUT_SHORT | Caps::GET_SHORT | Caps::AM | cpu_atomics | Caps::PUT_IMM
+        }
+        "loop" => common | Caps::PUT_SHORT | Caps::GET_SHORT | Caps::AM | cpu_atomics,
         "posix" => {
             common
                 | Caps::PUT_SHORT
@@ -68,6 +71,7 @@ fn required_caps(transport: &str) -> Option<Caps> {
                 | cpu_atomics
                 | Caps::CONNECT_TO_EP
                 | Caps::ERRHANDLE_PEER_FAILURE
+                | Caps::PUT_IMM
         }
         "rc" => common | Caps::AM | Caps::CONNECT_TO_EP | Caps::ERRHANDLE_PEER_FAILURE,
         _ => return None,

@@ -5,6 +5,7 @@
 mod am;
 mod atomic;
 mod errors;
+mod imm;
 mod ordering;
 mod rma;
 
@@ -103,6 +104,7 @@ pub fn all() -> Vec<Case> {
     cases.extend(rma::cases());
     cases.extend(am::cases());
     cases.extend(atomic::cases());
+    cases.extend(imm::cases());
     cases.extend(ordering::cases());
     cases.extend(errors::cases());
     cases
