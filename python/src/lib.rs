@@ -2,15 +2,15 @@
 //! uct-transfer), under the package `uct_rs` (python/uct_rs/), which adds
 //! the exception classes and the asyncio glue.
 //!
-//! - [`transport`]: `Transport` (bind, connect, write, read, flush,
+//! - `transport`: `Transport` (bind, connect, write, read, flush,
 //!   wait_for_write), `Probe`.
-//! - [`memory`]: `Memory` (a buffer registered in place, or allocated),
+//! - `memory`: `Memory` (a buffer registered in place, or allocated),
 //!   `View`, `RemoteBuffer`.
-//! - [`pending`]: `Pending` (blockable with `.wait(timeout)`, awaitable),
+//! - `pending`: `Pending` (blockable with `.wait(timeout)`, awaitable),
 //!   `Notification`.
-//! - [`hold`]: what keeps the application's buffers alive while in use.
-//! - [`dispatch`]: the thread between the transport and Python.
-//! - [`errors`]: the transfer API's errors as Python exceptions.
+//! - `hold`: what keeps the application's buffers alive while in use.
+//! - `dispatch`: the thread between the transport and Python.
+//! - `errors`: the transfer API's errors as Python exceptions.
 //!
 //! The GIL is released whenever a call may wait or copy (posting a write
 //! over shared memory copies its bytes).

@@ -60,6 +60,28 @@ fn tensor(obj: &Bound<'_, PyAny>) -> PyResult<(*mut u8, usize, Hold)> {
     Ok((ptr as *mut u8, nbytes, Hold::Object(obj.clone().unbind())))
 }
 
+/// The transfer API's advice in Python's words (`Memory.alloc`, not
+/// `Memory::alloc`; a keyword argument, not a builder call).
+fn in_python_terms(e: PyErr) -> PyErr {
+    Python::attach(|py| {
+        let value = e.value(py);
+        let Ok(text) = value.str().map(|s| s.to_string()) else {
+            return e;
+        };
+        let fixed = text
+            .replace("Memory::alloc", "uct_rs.Memory.alloc")
+            .replace(
+                "build the Transport with .transport(\"cma\")",
+                "create the Transport with transport=\"cma\"",
+            )
+            .replace(".transport(\"tcp\")", "\"tcp\"");
+        if fixed == text {
+            return e;
+        }
+        PyErr::from_type(value.get_type(), fixed)
+    })
+}
+
 /// Memory registered with a Transport: a writable buffer of the
 /// application, registered in place (no copy), or memory the transport
 /// allocated (`Memory.alloc`). Host memory is itself a writable buffer:
@@ -108,7 +130,7 @@ impl PyMemory {
             unsafe { Memory::register_raw(&t, addr as *mut u8, len, access_of(read_only)) }
         });
         Ok(PyMemory {
-            mem: mem.py_err()?,
+            mem: mem.map_err(|e| in_python_terms(errors::to_py(e)))?,
             hold: Some(hold),
         })
     }

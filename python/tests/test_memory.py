@@ -150,3 +150,49 @@ def test_manual_progress_is_driven_by_wait():
         b.progress()
         assert time.monotonic() < deadline
     assert b.wait_for_write(timeout=LIMIT).tag == 6
+
+
+class FakeTensor:
+    """What uct_rs reads of a torch tensor (data_ptr(), nbytes, device,
+    is_contiguous(), untyped_storage), over a NumPy array: the tensor path
+    runs here without torch."""
+
+    class Device:
+        def __init__(self, kind):
+            self.type = kind
+
+        def __str__(self):
+            return self.type
+
+    def __init__(self, arr, device="cpu", contiguous=True):
+        self.arr, self.device, self.contiguous = arr, self.Device(device), contiguous
+        self.nbytes = arr.nbytes
+
+    def data_ptr(self):
+        return self.arr.ctypes.data
+
+    def is_contiguous(self):
+        return self.contiguous
+
+    def untyped_storage(self):
+        return self.arr
+
+
+def test_a_tensor_is_registered_by_its_data_pointer_and_held():
+    a, b = pair("tcp")
+    src = FakeTensor(pattern(21, 1 << 16))
+    dst = FakeTensor(np.zeros(1 << 16, dtype=np.uint8))
+    smem, dmem = uct_rs.Memory(a, src), uct_rs.Memory(b, dst)
+    assert smem.address == src.data_ptr() and smem.nbytes == src.nbytes
+    del src  # the Memory holds the tensor
+    a.write(smem, dmem.remote_key(), tag=1).wait(LIMIT)
+    assert b.wait_for_write(timeout=LIMIT).tag == 1
+    assert np.array_equal(dst.arr, pattern(21, 1 << 16))
+
+
+def test_tensors_that_cannot_be_registered_are_refused_by_name():
+    t = transport("tcp")
+    with pytest.raises(ValueError, match="a torch tensor on cuda cannot be registered"):
+        uct_rs.Memory(t, FakeTensor(np.zeros(16, dtype=np.uint8), device="cuda"))
+    with pytest.raises(ValueError, match="not contiguous"):
+        uct_rs.Memory(t, FakeTensor(np.zeros(16, dtype=np.uint8), contiguous=False))
