@@ -17,6 +17,9 @@
 //!
 //! The rc transport is not here: it links libibverbs, so it is the
 //! loadable module `libuct_ib.so`, found by the registry at run time.
+//! Nor is CUDA: md-cuda and the cuda_copy transport are the module
+//! `libuct_cuda.so` (crate tl-cuda), so that no program links or needs the
+//! CUDA driver; without it the module loads and says why it has no GPU.
 //!
 //! The tools and the test suite use this crate instead of listing the
 //! built-in crates themselves; the C and Python fronts are to do the same.
