@@ -289,7 +289,14 @@ impl MemoryDomain for IbMd {
             .into_iter()
             .filter_map(crate::peermem::loaded_for)
             .collect();
-        Some(crate::peermem::describe(self.dmabuf, &peer))
+        let nic = match &self.info.pci {
+            Some(pci) => format!("RDMA NIC at {pci}"),
+            None => "RDMA device without a PCI device (software)".to_string(),
+        };
+        Some(format!(
+            "{nic}; {}",
+            crate::peermem::describe(self.dmabuf, &peer)
+        ))
     }
 
     fn alloc(&self, len: usize, mem_type: MemoryType, access: Access) -> Result<MemHandle> {

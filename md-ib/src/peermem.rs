@@ -65,17 +65,15 @@ impl std::fmt::Display for RegPath {
 /// `peer` the peer-memory modules loaded here.
 pub fn describe(dmabuf: bool, peer: &[&str]) -> String {
     let dmabuf = if dmabuf {
-        "DMA-buf (ibv_reg_dmabuf_mr)"
+        "DMA-buf import (ibv_reg_dmabuf_mr)"
     } else {
         "no DMA-buf import"
     };
     if peer.is_empty() {
-        format!(
-            "device memory: {dmabuf}; no peer-memory module loaded (nvidia_peermem: not loaded)"
-        )
+        format!("device memory: {dmabuf}; peer memory: none loaded (nvidia_peermem)")
     } else {
         format!(
-            "device memory: {dmabuf}; ibv_reg_mr of device pointers through {} (loaded)",
+            "device memory: {dmabuf}; peer memory: {} loaded (ibv_reg_mr of device pointers)",
             peer.join(", ")
         )
     }
@@ -115,11 +113,13 @@ mod tests {
     #[test]
     fn the_paths_are_described_for_transport_info() {
         let both = describe(true, &["nvidia_peermem"]);
-        assert!(both.contains("ibv_reg_dmabuf_mr") && both.contains("nvidia_peermem (loaded)"));
-        let none = describe(false, &[]);
+        assert!(both.contains("ibv_reg_dmabuf_mr"), "{both}");
         assert!(
-            none.contains("no DMA-buf import") && none.contains("not loaded"),
-            "{none}"
+            both.contains("peer memory: nvidia_peermem loaded"),
+            "{both}"
         );
+        let none = describe(false, &[]);
+        assert!(none.contains("no DMA-buf import"), "{none}");
+        assert!(none.contains("none loaded (nvidia_peermem)"), "{none}");
     }
 }
