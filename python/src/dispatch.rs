@@ -2,9 +2,8 @@
 //! must never wait for the GIL, and Python.
 //!
 //! - An asyncio await's waker only sends its `Pending` here; this thread
-//!   polls it again and, once it resolved, attaches to Python and runs its
-//!   callbacks (which hand the result to the event loop with
-//!   `call_soon_threadsafe`).
+//!   attaches to Python and runs its callbacks, which wake the awaiting
+//!   task through its event loop (`call_soon_threadsafe`); the task polls.
 //! - An operation whose `Pending` was dropped before it resolved comes here
 //!   as an orphan, with the application's buffers it uses: they are
 //!   released once the operation resolved (a future resolves only once no
@@ -32,9 +31,8 @@ pub struct Orphan {
 
 /// What the dispatcher is asked to do.
 pub enum Job {
-    /// Poll this again (its waker fired), and run its callbacks if it
-    /// resolved.
-    Poll(Weak<Inner>),
+    /// Its waker fired: run its callbacks.
+    Wake(Weak<Inner>),
     /// Keep this until it resolves.
     Orphan(Orphan),
     /// The orphan with this number was woken.
@@ -87,17 +85,15 @@ fn run(jobs: Receiver<Job>) {
     let mut next = 0u64;
     for job in jobs {
         match job {
-            Job::Poll(weak) => {
+            Job::Wake(weak) => {
                 let Some(inner) = weak.upgrade() else {
                     continue;
                 };
-                if inner.arm() {
-                    let callbacks = inner.take_callbacks();
-                    if !callbacks.is_empty() {
-                        // None only while the interpreter shuts down: then
-                        // nobody awaits any more.
-                        let _ = Python::try_attach(|py| fire(py, callbacks));
-                    }
+                let callbacks = inner.take_all_callbacks();
+                if !callbacks.is_empty() {
+                    // None only while the interpreter shuts down: then
+                    // nobody awaits any more.
+                    let _ = Python::try_attach(|py| fire(py, callbacks));
                 }
             }
             Job::Orphan(mut orphan) => {

@@ -1,7 +1,13 @@
 //! `Pending`: an operation or a wait of the transfer API, for Python. It is
 //! both blockable (`.wait(timeout)`, which drives progress on the calling
-//! thread with the GIL released) and awaitable from asyncio (`await`, which
-//! is woken through the dispatcher thread, [`crate::dispatch`]).
+//! thread with the GIL released) and awaitable from asyncio (`await`).
+//!
+//! An await polls the future only from its own task (`done()`, and
+//! `_on_wake`, which polls with a waker of ours); the waker only asks the
+//! dispatcher thread ([`crate::dispatch`]) to run the await's callback,
+//! which wakes the task through its event loop. So a wait whose task was
+//! cancelled never took a notification: `_cancel` then gives its place up
+//! to the next wait, as a dropped wait of the transfer API does.
 //!
 //! The result is kept once it came, so that it can be read again; the
 //! future behind it is polled by whoever waits, under one lock.
@@ -36,10 +42,30 @@ pub type BoxFuture = Pin<Box<dyn Future<Output = Result<Outcome, TransferError>>
 /// Python's signals (Ctrl-C) again.
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
+/// What a Pending is, for its messages and for what cancelling does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum What {
+    /// A write, read or flush: it goes on whatever happens to its Pending.
+    Op(&'static str),
+    /// A wait for a notified write: cancelled, it gives its place up.
+    Wait,
+}
+
+impl What {
+    fn name(self) -> &'static str {
+        match self {
+            What::Op(name) => name,
+            What::Wait => "wait for a notified write",
+        }
+    }
+}
+
 struct State {
     fut: Option<BoxFuture>,
     result: Option<Result<Outcome, TransferError>>,
-    /// What asyncio awaits run once the result is in.
+    /// The wait was cancelled before it took a notification.
+    cancelled: bool,
+    /// What asyncio awaits run when woken (each once).
     callbacks: Vec<Py<PyAny>>,
 }
 
@@ -51,7 +77,7 @@ pub struct Inner {
     /// The application's memory the operation uses: kept until the
     /// operation resolved (by an orphan, if this goes first; see `Drop`).
     holds: Vec<Held>,
-    what: &'static str,
+    what: What,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -59,12 +85,12 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Wakes an asyncio await: asks the dispatcher to poll again.
+/// Wakes an asyncio await: asks the dispatcher to run its callbacks.
 struct AsyncWake(Weak<Inner>);
 
 impl Wake for AsyncWake {
     fn wake(self: Arc<Self>) {
-        dispatch::send(Job::Poll(self.0.clone()));
+        dispatch::send(Job::Wake(self.0.clone()));
     }
 }
 
@@ -73,12 +99,13 @@ impl Inner {
         fut: BoxFuture,
         transport: &Arc<Transport>,
         holds: Vec<Held>,
-        what: &'static str,
+        what: What,
     ) -> Arc<Inner> {
         Arc::new(Inner {
             state: Mutex::new(State {
                 fut: Some(fut),
                 result: None,
+                cancelled: false,
                 callbacks: Vec::new(),
             }),
             transport: Arc::downgrade(transport),
@@ -87,10 +114,11 @@ impl Inner {
         })
     }
 
-    /// Polls the future with `cx` unless it resolved; whether it has.
+    /// Polls the future with `cx` unless it resolved; whether it has (a
+    /// cancelled wait counts as resolved).
     pub fn poll_with(&self, cx: &mut Context<'_>) -> bool {
         let mut s = lock(&self.state);
-        if s.result.is_some() {
+        if s.result.is_some() || s.cancelled {
             return true;
         }
         let Some(fut) = s.fut.as_mut() else {
@@ -109,7 +137,7 @@ impl Inner {
     }
 
     /// Polls with the dispatcher's waker, so that an asyncio await is woken
-    /// when the operation resolves; whether it has.
+    /// when there is news; whether it resolved.
     pub fn arm(self: &Arc<Self>) -> bool {
         let waker = Waker::from(Arc::new(AsyncWake(Arc::downgrade(self))));
         self.poll_with(&mut Context::from_waker(&waker))
@@ -120,18 +148,31 @@ impl Inner {
         !lock(&self.state).callbacks.is_empty()
     }
 
-    /// The callbacks to run, once resolved (each is run once).
-    pub fn take_callbacks(&self) -> Vec<Py<PyAny>> {
+    /// Every callback registered (the dispatcher's, on a wake).
+    pub fn take_all_callbacks(&self) -> Vec<Py<PyAny>> {
+        std::mem::take(&mut lock(&self.state).callbacks)
+    }
+
+    /// The callbacks to run, once resolved.
+    fn take_callbacks_if_resolved(&self) -> Vec<Py<PyAny>> {
         let mut s = lock(&self.state);
-        if s.result.is_some() {
+        if s.result.is_some() || s.cancelled {
             std::mem::take(&mut s.callbacks)
         } else {
             Vec::new()
         }
     }
 
-    fn result(&self) -> Option<Result<Outcome, TransferError>> {
-        lock(&self.state).result.clone()
+    /// The result, or None while pending; a cancelled wait's is an error.
+    fn result(&self) -> Option<Result<Outcome, PyErr>> {
+        let s = lock(&self.state);
+        if s.cancelled {
+            return Some(Err(errors::raise(
+                Kind::Other,
+                "this wait was cancelled (its await was); it took no notification: wait again",
+            )));
+        }
+        s.result.clone().map(|r| r.map_err(errors::to_py))
     }
 
     /// Blocks up to `limit`, driving progress on this thread; whether it
@@ -183,7 +224,7 @@ fn block_without_transport(inner: &Inner, limit: Duration) -> bool {
 impl Drop for Inner {
     fn drop(&mut self) {
         let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        if s.result.is_some() || self.holds.is_empty() {
+        if s.result.is_some() || s.cancelled || self.holds.is_empty() {
             // Nothing of the application's is in use, or nothing more will
             // be: an operation goes on by itself, a wait gives its place up.
             return;
@@ -248,8 +289,8 @@ pub struct PyPending {
 
 static AWAIT_HELPER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
-fn to_python(py: Python<'_>, r: Result<Outcome, TransferError>) -> PyResult<Py<PyAny>> {
-    match r.map_err(errors::to_py)? {
+fn to_python(py: Python<'_>, r: Result<Outcome, PyErr>) -> PyResult<Py<PyAny>> {
+    match r? {
         Outcome::Done => Ok(py.None()),
         Outcome::Note(note) => Ok(Py::new(py, PyNotification { note })?.into_any()),
     }
@@ -284,7 +325,7 @@ pub fn wait_for(py: Python<'_>, inner: &Arc<Inner>, timeout: Option<f64>) -> PyR
                         Kind::Timeout,
                         format!(
                             "the {} did not complete within {:?}; the peer is stuck or slow (a dead one is reported as such)",
-                            inner.what,
+                            inner.what.name(),
                             limit.unwrap_or_default()
                         ),
                     ))
@@ -295,7 +336,7 @@ pub fn wait_for(py: Python<'_>, inner: &Arc<Inner>, timeout: Option<f64>) -> PyR
         resolved = py.detach(move || inner2.block(left));
         py.check_signals()?;
     }
-    fire(py, inner.take_callbacks());
+    fire(py, inner.take_callbacks_if_resolved());
     match inner.result() {
         Some(r) => to_python(py, r),
         None => Err(errors::raise(Kind::Other, "resolved without a result")),
@@ -333,20 +374,41 @@ impl PyPending {
                 Kind::Other,
                 format!(
                     "the {} has not completed; wait() or await it first",
-                    self.inner.what
+                    self.inner.what.name()
                 ),
             )),
         }
     }
 
-    /// Runs `callback()` (from any thread) once it completed, at once if
-    /// it has: the hook asyncio awaits use.
-    fn _on_done(&self, py: Python<'_>, callback: Py<PyAny>) -> PyResult<()> {
+    /// Runs `callback()` (from any thread) when there may be news, at once
+    /// if it completed: the hook of asyncio awaits, which then poll again
+    /// with done().
+    fn _on_wake(&self, py: Python<'_>, callback: Py<PyAny>) {
         lock(&self.inner.state).callbacks.push(callback);
         if self.inner.arm() {
-            fire(py, self.inner.take_callbacks());
+            fire(py, self.inner.take_all_callbacks());
         }
-        Ok(())
+    }
+
+    /// The await of a wait was cancelled: unless it took a notification
+    /// already, it gives its place up to the next wait. An operation goes
+    /// on.
+    fn _cancel(&self) {
+        if self.inner.what != What::Wait {
+            return;
+        }
+        let (fut, callbacks) = {
+            let mut s = lock(&self.inner.state);
+            if s.result.is_some() {
+                return;
+            }
+            s.cancelled = true;
+            (s.fut.take(), std::mem::take(&mut s.callbacks))
+        };
+        // Dropped outside our lock: a wait woken for a notification it did
+        // not take wakes the next one.
+        drop(fut);
+        drop(callbacks);
     }
 
     fn __await__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, PyAny>> {
@@ -366,6 +428,6 @@ impl PyPending {
             Some(Ok(Outcome::Note(n))) => format!("done, nbytes={} tag={}", n.len, n.tag),
             Some(Err(e)) => format!("failed: {e}"),
         };
-        format!("<Pending {}: {state}>", self.inner.what)
+        format!("<Pending {}: {state}>", self.inner.what.name())
     }
 }

@@ -10,7 +10,7 @@ use uct_transfer::{Progress, RemoteBuffer, Transport, View};
 use crate::errors::{self, IntoPy, Kind};
 use crate::hold::Held;
 use crate::memory::{mem_type_of, PyMemory, PyRemoteBuffer, PyView};
-use crate::pending::{wait_for, BoxFuture, Inner, Outcome, PyPending};
+use crate::pending::{wait_for, BoxFuture, Inner, Outcome, PyPending, What};
 
 /// One side of a connection: bind() gives a URL for the peer, connect()
 /// takes the peer's. Both sides bind and both connect. Keyword arguments
@@ -98,7 +98,7 @@ fn pending(
 ) -> PyPending {
     let fut: BoxFuture = Box::pin(async move { fut.await.map(|()| Outcome::Done) });
     PyPending {
-        inner: Inner::new(fut, t, holds, what),
+        inner: Inner::new(fut, t, holds, What::Op(what)),
     }
 }
 
@@ -279,7 +279,7 @@ impl PyTransport {
         let wait = t.wait_for_write();
         let fut: BoxFuture = Box::pin(async move { wait.await.map(Outcome::Note) });
         Ok(PyPending {
-            inner: Inner::new(fut, &t, Vec::new(), "wait for a notified write"),
+            inner: Inner::new(fut, &t, Vec::new(), What::Wait),
         })
     }
 

@@ -93,3 +93,45 @@ def test_await_raises_the_operations_error():
 
     with pytest.raises(ValueError, match="local view has 4096 bytes and the remote slice 1024"):
         asyncio.run(main())
+
+
+def test_a_cancelled_await_of_a_wait_gives_its_place_to_the_next():
+    """A wait whose await is cancelled (asyncio.wait_for's timeout) takes
+    no notification, even while its Pending is still referenced: the next
+    wait, pending before the write, gets it."""
+    a, b = pair("tcp")
+    src, _ = memory_for(a, "tcp", 4096)
+    dst, _ = memory_for(b, "tcp", 4096)
+
+    async def main():
+        stale = b.wait_for_write_async()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(stale, 0.1)
+        fresh = asyncio.ensure_future(b.wait_for_write_async())
+        await asyncio.sleep(0.05)
+        a.write(src, dst.remote_key(), tag=5).wait(LIMIT)
+        note = await asyncio.wait_for(fresh, LIMIT)
+        with pytest.raises(uct_rs.Error, match="cancelled"):
+            stale.result()
+        return note
+
+    assert asyncio.run(main()).tag == 5
+
+
+def test_a_cancelled_await_of_a_write_lets_it_complete():
+    a, b = pair("tcp")
+    src, src_arr = memory_for(a, "tcp", 1 << 20)
+    dst, dst_arr = memory_for(b, "tcp", 1 << 20)
+    src_arr[:] = pattern(3, 1 << 20)
+
+    async def main():
+        w = a.write(src, dst.remote_key(), tag=8)
+        task = asyncio.ensure_future(w)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return w.wait(LIMIT), b.wait_for_write(timeout=LIMIT)
+
+    done, note = asyncio.run(main())
+    assert done is None and note.tag == 8
+    assert np.array_equal(dst_arr, src_arr)

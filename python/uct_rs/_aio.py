@@ -1,9 +1,11 @@
 """asyncio glue: ``await pending``.
 
-The native side calls back from its dispatcher thread once the operation
-resolved; the callback hands over to the event loop with
-``call_soon_threadsafe``. Nothing blocks the loop, and the transport's
-progress thread never waits for the GIL.
+The task polls its Pending itself (``done()``); when there may be news,
+the native side calls back from its dispatcher thread, and the callback
+wakes the task through its event loop with ``call_soon_threadsafe``.
+Nothing blocks the loop, and the transport's progress thread never waits
+for the GIL. A wait whose task is cancelled gives its place up to the next
+wait, having taken no notification.
 """
 
 import asyncio
@@ -14,19 +16,28 @@ def await_pending(pending):
     if pending.done():
         return pending.result()
     loop = asyncio.get_running_loop()
-    fut = loop.create_future()
+    try:
+        while not pending.done():
+            woken = loop.create_future()
+            pending._on_wake(_waker(loop, woken))
+            yield from woken
+    except BaseException:
+        # Cancelled (or the coroutine closed): a wait gives its place up.
+        pending._cancel()
+        raise
+    return pending.result()
 
+
+def _waker(loop, woken):
     def settle():
-        if not fut.done():
-            fut.set_result(None)
+        if not woken.done():
+            woken.set_result(None)
 
-    def resolved():
-        # Any thread. A loop closed meanwhile has nobody left to tell.
+    def wake():
+        # Any thread. A loop closed meanwhile has nobody left to wake.
         try:
             loop.call_soon_threadsafe(settle)
         except RuntimeError:
             pass
 
-    pending._on_done(resolved)
-    yield from fut
-    return pending.result()
+    return wake
