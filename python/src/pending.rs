@@ -199,6 +199,39 @@ impl Inner {
     }
 }
 
+/// The future of the next notified write of `t`.
+pub fn next_write(t: &Transport) -> BoxFuture {
+    let wait = t.wait_for_write();
+    Box::pin(async move { wait.await.map(Outcome::Note) })
+}
+
+impl Inner {
+    /// A wait left pending with nobody waiting for it any more (a blocking
+    /// wait that timed out, a `done()` that said no) steps out of line: its
+    /// future is replaced by a fresh one that has not waited yet, so that
+    /// the waker it left (of a thread that has moved on) is not the one a
+    /// notification wakes while another wait, an await, sleeps. It takes
+    /// its place in line again when next waited for.
+    fn step_aside(self: &Arc<Self>) {
+        if self.what != What::Wait || self.awaited() {
+            return;
+        }
+        let Some(t) = self.transport.upgrade() else {
+            return;
+        };
+        let old = {
+            let mut s = lock(&self.state);
+            if s.result.is_some() || s.cancelled || s.fut.is_none() {
+                return;
+            }
+            s.fut.replace(next_write(&t))
+        };
+        // Dropped outside our lock: a wait woken for a notification it did
+        // not take wakes the next one.
+        drop(old);
+    }
+}
+
 /// Polls `inner` until it resolves or `limit` passes, with nobody to drive
 /// progress (the Transport is gone).
 fn block_without_transport(inner: &Inner, limit: Duration) -> bool {
@@ -321,6 +354,7 @@ pub fn wait_for(py: Python<'_>, inner: &Arc<Inner>, timeout: Option<f64>) -> PyR
             Some(l) => match l.checked_sub(start.elapsed()) {
                 Some(left) if !left.is_zero() => left.min(SIGNAL_CHECK),
                 _ => {
+                    inner.step_aside();
                     return Err(errors::raise(
                         Kind::Timeout,
                         format!(
@@ -328,13 +362,16 @@ pub fn wait_for(py: Python<'_>, inner: &Arc<Inner>, timeout: Option<f64>) -> PyR
                             inner.what.name(),
                             limit.unwrap_or_default()
                         ),
-                    ))
+                    ));
                 }
             },
         };
         let inner2 = inner.clone();
         resolved = py.detach(move || inner2.block(left));
-        py.check_signals()?;
+        if let Err(e) = py.check_signals() {
+            inner.step_aside();
+            return Err(e);
+        }
     }
     fire(py, inner.take_callbacks_if_resolved());
     match inner.result() {
@@ -359,10 +396,14 @@ impl PyPending {
         let resolved = self
             .inner
             .poll_with(&mut Context::from_waker(Waker::noop()));
-        if !resolved && self.inner.awaited() {
+        if resolved {
+            return true;
+        }
+        if self.inner.awaited() {
             return self.inner.arm();
         }
-        resolved
+        self.inner.step_aside();
+        false
     }
 
     /// The result of a completed operation (as `wait` returns it); raises

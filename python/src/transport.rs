@@ -10,7 +10,7 @@ use uct_transfer::{Progress, RemoteBuffer, Transport, View};
 use crate::errors::{self, IntoPy, Kind};
 use crate::hold::Held;
 use crate::memory::{mem_type_of, PyMemory, PyRemoteBuffer, PyView};
-use crate::pending::{wait_for, BoxFuture, Inner, Outcome, PyPending, What};
+use crate::pending::{next_write, wait_for, BoxFuture, Inner, Outcome, PyPending, What};
 
 /// One side of a connection: bind() gives a URL for the peer, connect()
 /// takes the peer's. Both sides bind and both connect. Keyword arguments
@@ -276,10 +276,8 @@ impl PyTransport {
     /// on): its result is a Notification.
     fn wait_for_write_async(&self) -> PyResult<PyPending> {
         let t = self.get()?;
-        let wait = t.wait_for_write();
-        let fut: BoxFuture = Box::pin(async move { wait.await.map(Outcome::Note) });
         Ok(PyPending {
-            inner: Inner::new(fut, &t, Vec::new(), What::Wait),
+            inner: Inner::new(next_write(&t), &t, Vec::new(), What::Wait),
         })
     }
 

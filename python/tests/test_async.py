@@ -135,3 +135,26 @@ def test_a_cancelled_await_of_a_write_lets_it_complete():
     done, note = asyncio.run(main())
     assert done is None and note.tag == 8
     assert np.array_equal(dst_arr, src_arr)
+
+
+def test_a_wait_that_timed_out_blocking_holds_up_no_await():
+    """A Pending wait, waited on with a timeout that ran out and kept:
+    an await made after it still gets the next notification."""
+    a, b = pair("tcp")
+    src, _ = memory_for(a, "tcp", 4096)
+    dst, _ = memory_for(b, "tcp", 4096)
+    kept = b.wait_for_write_async()
+    with pytest.raises(uct_rs.Timeout):
+        kept.wait(0.05)
+    assert not kept.done()
+
+    async def main():
+        fresh = asyncio.ensure_future(b.wait_for_write_async())
+        await asyncio.sleep(0.05)
+        a.write(src, dst.remote_key(), tag=6).wait(LIMIT)
+        return await asyncio.wait_for(fresh, LIMIT)
+
+    assert asyncio.run(main()).tag == 6
+    # The kept wait gets the one after.
+    a.write(src, dst.remote_key(), tag=7).wait(LIMIT)
+    assert kept.wait(LIMIT).tag == 7
