@@ -23,7 +23,46 @@ for _tl in ("POSIX", "TCP", "RC"):
 # The bound on every wait of a test: a hang is a failure, not a stuck run.
 LIMIT = 60.0
 HERE = os.path.dirname(os.path.abspath(__file__))
-TWO_PROCESS = ["posix", "tcp"]
+
+# The two-process tests run over these. rc needs an RDMA device and the
+# ib module (libuct_ib.so, a release build of the root workspace's tl-rc,
+# found through UCT_MODULE_DIR): where it is absent its tests are skipped
+# with the reason, except where the run expects it (inside scripts/rxe-vm,
+# which sets RXE_VM_DEVICE, or UCT_TEST_EXPECT naming rc): there they fail.
+TWO_PROCESS = ["posix", "tcp", "rc"]
+
+
+def rc_expected():
+    names = os.environ.get("UCT_TEST_EXPECT")
+    if names is not None:
+        return "rc" in [n.strip() for n in names.split(",")]
+    return "RXE_VM_DEVICE" in os.environ
+
+
+def absent(tl):
+    """Why `tl` cannot run here, or None."""
+    import uct_rs
+
+    probes = [p for p in uct_rs.probe() if p.transport == tl]
+    if any(p.usable for p in probes):
+        return None
+    if probes:
+        return probes[0].reason or "not usable"
+    return (
+        f"no component provides {tl} (for rc: build libuct_ib.so with "
+        "`cargo build --release -p tl-rc` and set UCT_MODULE_DIR to its folder)"
+    )
+
+
+def require(tl):
+    """Skips the test, with the reason, where `tl` is absent and not
+    expected; fails it where it is expected."""
+    why = absent(tl)
+    if why is None:
+        return
+    if tl == "rc" and rc_expected():
+        pytest.fail(f"this run expects rc, and it is absent: {why}")
+    pytest.skip(f"{tl} is not available here: {why}")
 
 
 def transport(tl, **kw):
@@ -37,8 +76,9 @@ def transport(tl, **kw):
 
 def memory_for(t, tl, nbytes):
     """Memory of `nbytes` for `tl`, and a uint8 NumPy array over its bytes:
-    over tcp an array of the application registered in place; over posix,
-    which maps only memory it allocated, Memory.alloc seen through NumPy."""
+    over tcp and rc an array of the application registered in place; over
+    posix, which maps only memory it allocated, Memory.alloc seen through
+    NumPy."""
     import numpy as np
     import uct_rs
 

@@ -1,6 +1,6 @@
-"""Two Python processes (this one and tests/peer.py) over posix and tcp:
-a ping-pong of NumPy arrays with every byte checked on both sides, and a
-peer killed with SIGKILL."""
+"""Two Python processes (this one and tests/peer.py) over posix, tcp and rc
+(where there is an RDMA device): a ping-pong of NumPy arrays with every
+byte checked on both sides, and a peer killed with SIGKILL."""
 
 import os
 import signal
@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import uct_rs
-from conftest import GRACE, LIMIT, PEER_TIMEOUT, TWO_PROCESS, connect, memory_for, pattern, transport
+from conftest import GRACE, LIMIT, PEER_TIMEOUT, TWO_PROCESS, connect, memory_for, pattern, require, transport
 
 SIZES = [8 << 10, 1 << 20, 16 << 20]
 ROUNDS = 3
@@ -17,6 +17,7 @@ ROUNDS = 3
 
 @pytest.mark.parametrize("tl", TWO_PROCESS)
 def test_ping_pong_of_numpy_arrays_every_byte_checked(tl, spawn):
+    require(tl)
     t = transport(tl)
     mem, arr = memory_for(t, tl, max(SIZES))
     peer = spawn(tl, "pingpong", ",".join(map(str, SIZES)), ROUNDS)
@@ -38,6 +39,9 @@ def test_ping_pong_of_numpy_arrays_every_byte_checked(tl, spawn):
     peer.expect("done")
     stats = t.stats()
     assert stats["writes"] == seq, stats
+    if tl == "rc":
+        # Each notification the immediate of one RDMA WRITE WITH IMMEDIATE.
+        assert stats["notifications_received_by_immediate"] == seq, stats
     received = stats["notifications_received_by_message"] + stats["notifications_received_by_immediate"]
     assert received == seq, stats
 
@@ -47,6 +51,7 @@ def test_ping_pong_from_a_float64_array_registered_in_place(tl, spawn):
     """Any writable buffer, of any dtype, is registered as its bytes (tcp:
     in place; posix refuses memory it did not allocate, so there the array
     is a float64 view of allocated memory)."""
+    require(tl)
     t = transport(tl)
     size = 1 << 20
     if tl == "posix":
@@ -70,7 +75,10 @@ def test_ping_pong_from_a_float64_array_registered_in_place(tl, spawn):
 def test_peer_killed_with_sigkill_raises_peer_error_within_the_peer_timeout(tl, spawn):
     """A wait, an awaited wait and writes pending when the peer is killed:
     each ends (a wait with uct_rs.PeerError) within the peer timeout and a
-    grace for the machine's load, and later writes fail at once."""
+    grace for the machine's load, and later writes fail at once. rc finds
+    a dead peer by the clock: the peer timeout, plus the time the bytes in
+    flight take at 64 MiB/s (UCT_RC_PEER_TIMEOUT's documentation)."""
+    require(tl)
     t = transport(tl)
     mem, arr = memory_for(t, tl, 1 << 20)
     peer = spawn(tl, "serve")
@@ -80,10 +88,11 @@ def test_peer_killed_with_sigkill_raises_peer_error_within_the_peer_timeout(tl, 
     os.kill(peer.proc.pid, signal.SIGKILL)
     killed = time.monotonic()
     peer.proc.wait(timeout=LIMIT)
+    limit = PEER_TIMEOUT + GRACE + (len(writes) * mem.nbytes / (64 << 20) if tl == "rc" else 0)
     with pytest.raises(uct_rs.PeerError) as blocking:
         t.wait_for_write(timeout=LIMIT)
     took = time.monotonic() - killed
-    assert took < PEER_TIMEOUT + GRACE, f"{tl}: the wait ended {took:.2f} s after SIGKILL"
+    assert took < limit, f"{tl}: the wait ended {took:.2f} s after SIGKILL"
     assert "peer" in str(blocking.value)
     with pytest.raises(uct_rs.PeerError):
         waiting.wait(LIMIT)
@@ -96,5 +105,5 @@ def test_peer_killed_with_sigkill_raises_peer_error_within_the_peer_timeout(tl, 
     with pytest.raises(uct_rs.Error) as later:
         t.write(mem, remote, notify=True).wait(LIMIT)
     assert isinstance(later.value, uct_rs.PeerError), repr(later.value)
-    assert time.monotonic() - killed < PEER_TIMEOUT + GRACE
+    assert time.monotonic() - killed < limit
     print(f"{tl}: the wait ended {took:.2f} s after SIGKILL: {blocking.value}")
