@@ -99,10 +99,11 @@ impl PyMemory {
     /// Registers `buffer` with `transport` in place: a bytearray, a
     /// writable memoryview, a NumPy array (any writable, contiguous buffer)
     /// or a CPU torch tensor. Its bytes are not copied; the buffer is held
-    /// (and cannot be resized) while this Memory, its views or operations
-    /// on them live. `read_only=True`: peers may read it, not write it.
-    /// posix cannot register memory it did not allocate: use Memory.alloc
-    /// there.
+    /// (a buffer export, so a bytearray or array cannot be resized) while
+    /// this Memory, its views or operations on them live. A tensor is
+    /// held by reference: do not resize it (resize_) meanwhile.
+    /// `read_only=True`: peers may read it, not write it. posix cannot
+    /// register memory it did not allocate: use Memory.alloc there.
     #[new]
     #[pyo3(signature = (transport, buffer, *, read_only=false))]
     fn new(

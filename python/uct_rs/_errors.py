@@ -23,3 +23,9 @@ class PeerError(Error):
 
 class Timeout(Error, TimeoutError):
     """A wait ran out of time; the operation goes on."""
+
+
+# Shown as uct_rs.Error, uct_rs.PeerError, ... in tracebacks.
+for _cls in (Error, InputError, PeerError, Timeout):
+    _cls.__module__ = "uct_rs"
+del _cls
