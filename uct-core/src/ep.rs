@@ -102,6 +102,11 @@ pub trait Endpoint: Send {
     /// data is visible there. An empty iov (0 bytes) sends the immediate
     /// alone. Only where [`Caps::PUT_IMM`](crate::Caps::PUT_IMM) is
     /// advertised.
+    ///
+    /// The completion fires once the data has landed at the target (rc:
+    /// the peer's acknowledgement; self: in the call; tcp: the target's
+    /// answer), with the target's refusal if it refused the put; a refused
+    /// put delivers no immediate.
     fn put_zcopy_imm(
         &mut self,
         iov: &[Iov<'_>],

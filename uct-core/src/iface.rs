@@ -390,6 +390,9 @@ pub trait Iface: Send {
     /// in the order the writes were posted on one endpoint, and only after
     /// that write's data is visible in the target memory. Immediates that
     /// arrive while no handler is installed are dropped with a warning.
+    /// tcp delivers immediates only from ifaces this one has connected an
+    /// endpoint to (as rc's come only over a connection both sides made):
+    /// create the endpoint back to the writer.
     fn set_imm_handler(&mut self, handler: ImmHandler) -> Result<()> {
         let _ = handler;
         Err(crate::error::UctError::unsupported(
