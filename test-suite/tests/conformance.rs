@@ -385,7 +385,14 @@ fn main() {
         let soft = has_soft_rkey(resource);
         for mode in [Mode::InProcess, Mode::TwoProcesses] {
             let key = format!("{tl} ({})", mode.name());
-            if mode == Mode::TwoProcesses && resource.tl.device_type == DeviceType::SelfLoop {
+            // self, and cuda_copy (copies between host and GPU memory of
+            // its own process), reach no other process.
+            if mode == Mode::TwoProcesses
+                && matches!(
+                    resource.tl.device_type,
+                    DeviceType::SelfLoop | DeviceType::Accelerator
+                )
+            {
                 println!(
                     "conformance: {tl}::{}: not applicable: {tl} reaches its own process only",
                     mode.name()
