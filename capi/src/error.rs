@@ -172,8 +172,37 @@ pub(crate) fn call(func: &'static str, body: impl FnOnce() -> CallResult) -> Sta
         }
     };
     let status = err.status();
-    set_last_error(format!("{func}: {err}"));
+    let message = match &err {
+        CapiError::Transfer(e) => in_c_words(&e.to_string()),
+        other => other.to_string(),
+    };
+    set_last_error(format!("{func}: {message}"));
     status
+}
+
+/// The transfer API's advice, which names its Rust calls, in the words of
+/// the C API.
+fn in_c_words(message: &str) -> String {
+    const WORDS: [(&str, &str); 9] = [
+        ("Memory::remote_key()", "uct_rs_mem_remote_key()"),
+        ("use Memory::alloc", "use uct_rs_mem_alloc"),
+        (
+            "build the Transport with .transport(\"cma\")",
+            "create the transport with options.transport \"cma\"",
+        ),
+        (".transport(\"tcp\")", "\"tcp\""),
+        ("bind()", "uct_rs_transport_bind()"),
+        ("connect()", "uct_rs_transport_connect()"),
+        ("with slice()", "with uct_rs_remote_slice()"),
+        (
+            "write with notify=false",
+            "write without UCT_RS_WRITE_NOTIFY",
+        ),
+        ("this Transport", "this transport"),
+    ];
+    WORDS
+        .iter()
+        .fold(message.to_string(), |m, (rust, c)| m.replace(rust, c))
 }
 
 #[cfg(test)]
@@ -203,6 +232,16 @@ mod tests {
         // Another thread has its own.
         let other = std::thread::spawn(last).join().unwrap();
         assert_eq!(other, "");
+    }
+
+    #[test]
+    fn advice_names_the_c_calls() {
+        call("uct_rs_demo", || Err(TransferError::NotBound.into()));
+        assert!(
+            last().contains("call uct_rs_transport_bind() first"),
+            "{}",
+            last()
+        );
     }
 
     #[test]

@@ -52,6 +52,7 @@ mod listing;
 mod error;
 mod ffi;
 mod handle;
+mod snapshot;
 #[doc(hidden)]
 pub mod testing;
 
