@@ -17,7 +17,11 @@
  *   uct_rs_string_free.
  * - No Rust panic crosses into C: it becomes UCT_RS_ERR_PANIC.
  *
- * Link with -luct_rs (and, with libuct_rs.a, -lpthread -ldl -lm).
+ * Link with -luct_rs. To link libuct_rs.a, keep the whole archive: the
+ * built-in transports register themselves from code nothing calls, which
+ * a linker drops otherwise (every call then fails with
+ * UCT_RS_ERR_NO_TRANSPORT, saying so):
+ *   -Wl,--whole-archive libuct_rs.a -Wl,--no-whole-archive -lpthread -ldl -lm
  * The rc transport is the module libuct_ib.so, found through
  * UCT_MODULE_DIR; UCT_LOG_LEVEL=info shows what uct-rs decides.
  */

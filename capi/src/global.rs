@@ -3,9 +3,10 @@
 
 use std::ffi::{c_char, CStr};
 
+use uct_core::Registry;
 use uct_transfer::Transport;
 
-use crate::error::{call, last_error_ptr};
+use crate::error::{call, last_error_ptr, CapiError};
 use crate::ffi::{take_string, Out};
 use crate::status::Status;
 
@@ -15,6 +16,22 @@ const VERSION: &CStr =
         Ok(v) => v,
         Err(_) => c"unknown",
     };
+
+/// The process's registry, with logging set up (`UCT_LOG_LEVEL`). An empty
+/// one means the built-in transports were dropped by the linker: they
+/// register themselves from code nothing calls, which a static link
+/// leaves out unless told to keep the whole archive.
+pub(crate) fn registry() -> Result<&'static Registry, CapiError> {
+    uct_core::logging::init();
+    uct_builtins::link();
+    let reg = Registry::global();
+    if reg.transport_names().is_empty() {
+        return Err(CapiError::Transfer(uct_transfer::TransferError::NoTransport(
+            "no transport is registered in this program: libuct_rs.a was linked without keeping the whole archive, so the linker dropped the built-in transports; link it as -Wl,--whole-archive -luct_rs -Wl,--no-whole-archive (or link libuct_rs.so)".into(),
+        )));
+    }
+    Ok(reg)
+}
 
 /// The version of the library (`"0.1.0"`).
 ///
@@ -44,7 +61,7 @@ pub unsafe extern "C" fn uct_rs_supported(supported: *mut bool) -> Status {
     call("uct_rs_supported", || {
         // SAFETY: the caller's contract.
         let out = unsafe { Out::new(supported, "supported") }?;
-        uct_core::logging::init();
+        registry()?;
         out.set(Transport::supported());
         Ok(Status::UCT_RS_OK)
     })

@@ -6,8 +6,6 @@
 use std::ffi::c_char;
 use std::sync::{Arc, LazyLock};
 
-use uct_core::Registry;
-
 use crate::error::{call, CapiError};
 use crate::ffi::Out;
 use crate::handle::{Kind, Table};
@@ -184,9 +182,7 @@ pub unsafe extern "C" fn uct_rs_listing_create(listing: *mut *mut UctRsListing) 
     call("uct_rs_listing_create", || {
         // SAFETY: the caller's contract.
         let out = unsafe { Out::new(listing, "listing") }?;
-        uct_core::logging::init();
-        uct_builtins::link();
-        let l = Listing::take(Registry::global());
+        let l = Listing::take(crate::global::registry()?);
         out.set(LISTINGS.insert(Arc::new(l))?);
         Ok(Status::UCT_RS_OK)
     })

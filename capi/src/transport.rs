@@ -243,7 +243,7 @@ pub unsafe extern "C" fn uct_rs_transport_create(
     call("uct_rs_transport_create", || {
         // SAFETY: the caller's contract.
         let out = unsafe { Out::new(transport, "transport") }?;
-        uct_core::logging::init();
+        crate::global::registry()?;
         let o = if options.is_null() {
             defaults()
         } else {
