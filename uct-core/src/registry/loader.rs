@@ -29,11 +29,15 @@ pub fn search_path(configured: &[PathBuf]) -> Vec<PathBuf> {
     out
 }
 
+/// The C ABI's own library (`libuct_rs.so`, capi/): it shares the module
+/// prefix but is the framework, not a module, and sits beside the modules.
+const NOT_MODULES: &[&str] = &["rs"];
+
 /// Module name of a file called `libuct_<name>.so`.
 pub fn module_name(file: &Path) -> Option<String> {
     let f = file.file_name()?.to_str()?;
     let name = f.strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?;
-    (!name.is_empty()).then(|| name.to_string())
+    (!name.is_empty() && !NOT_MODULES.contains(&name)).then(|| name.to_string())
 }
 
 /// Every module file in the search path; the first file of a name wins.
@@ -158,4 +162,20 @@ fn check_abi(lib: &Library) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_names_come_from_libuct_files_but_not_the_c_abi() {
+        assert_eq!(
+            module_name(Path::new("/x/libuct_ib.so")).as_deref(),
+            Some("ib")
+        );
+        assert_eq!(module_name(Path::new("/x/libuct_rs.so")), None);
+        assert_eq!(module_name(Path::new("/x/libuct_.so")), None);
+        assert_eq!(module_name(Path::new("/x/libfoo.so")), None);
+    }
 }
