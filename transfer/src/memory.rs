@@ -8,7 +8,9 @@
 use std::sync::Arc;
 
 use uct_core::host_alloc::HostAlloc;
-use uct_core::{Access, MdFlags, MemHandle, MemoryDomain, MemoryType, Registry, RkeyBundle};
+use uct_core::{
+    Access, MdFlags, MemHandle, MemoryDomain, MemoryType, Registry, RkeyBundle, UctError,
+};
 
 use crate::error::{Result, TransferError};
 use crate::shared::RegTarget;
@@ -202,8 +204,13 @@ impl Memory {
     /// `cuPointerGetAttributes`, md-gaudi's own allocations) is asked; an
     /// address none of them claims is host memory, with no memory domain.
     /// A device pointer of another GPU than the one asked is that GPU's.
+    ///
+    /// An MD that cannot tell (a driver failure, device memory it knows
+    /// but refuses: past its allocation, managed memory) fails the
+    /// detection with a [`TransferError::MemoryType`] naming it and the
+    /// cause: calling such memory host memory would let the CPU touch it.
     pub fn detect(ptr: u64, len: usize) -> Result<(MemoryType, Option<String>)> {
-        Ok(match detecting_md(ptr, len) {
+        Ok(match detecting_md(ptr, len)? {
             Some((mem_type, md)) => (mem_type, Some(md.name().to_string())),
             None => (MemoryType::Host, None),
         })
@@ -227,7 +234,7 @@ impl Memory {
                 "a registration of 0 bytes; register at least 1".into(),
             ));
         }
-        let Some((mem_type, owner)) = detecting_md(ptr as u64, len) else {
+        let Some((mem_type, owner)) = detecting_md(ptr as u64, len)? else {
             // SAFETY: the caller's contract is register_raw's.
             return unsafe { Memory::register_raw(transport, ptr, len, Access::all()) };
         };
@@ -437,11 +444,12 @@ impl Memory {
 }
 
 /// The memory domain that claims `[addr, addr + len)` as device memory,
-/// with its type; `None` for host memory (no MD that detects says
-/// otherwise, or there is none, as without a GPU).
-fn detecting_md(addr: u64, len: usize) -> Option<(MemoryType, Arc<dyn MemoryDomain>)> {
+/// with its type; `None` for host memory (every MD that detects said "not
+/// mine", or there is none, as without a GPU). Any other answer is an
+/// error ([`detection`]).
+fn detecting_md(addr: u64, len: usize) -> Result<Option<(MemoryType, Arc<dyn MemoryDomain>)>> {
     uct_builtins::link();
-    Registry::global()
+    let detecting = Registry::global()
         .memory_domains()
         .into_iter()
         .map(|(_, md)| md)
@@ -449,15 +457,49 @@ fn detecting_md(addr: u64, len: usize) -> Option<(MemoryType, Arc<dyn MemoryDoma
             let a = md.attrs();
             a.flags.contains(MdFlags::DETECT)
                 && a.detect_mem_types.iter().any(|t| !t.is_host_accessible())
-        })
-        .find_map(|md| match md.detect_mem_type(addr, len) {
-            Ok(t) if !t.is_host_accessible() => Some((t, md)),
-            Ok(_) => None,
-            Err(e) => {
-                log::trace!("transfer: {} does not claim {addr:#x}: {e}", md.name());
-                None
-            }
-        })
+        });
+    for md in detecting {
+        match detection(md.name(), addr, len, md.detect_mem_type(addr, len))? {
+            Detection::Claimed(t) => return Ok(Some((t, md))),
+            Detection::NotMine => {}
+        }
+    }
+    Ok(None)
+}
+
+/// What one MD's answer to `detect_mem_type` means.
+#[derive(Debug, PartialEq)]
+enum Detection {
+    /// Device memory of this MD.
+    Claimed(MemoryType),
+    /// Not this MD's: host memory as far as it knows.
+    NotMine,
+}
+
+/// Reads one MD's answer. "Not mine" is a host-accessible type, or
+/// `InvalidParam`: the address is not one the MD knows (md-gaudi's
+/// lookup of its own allocations, md-cuda's pointer of another of its
+/// GPUs). Anything else (a driver failure, memory the MD knows but
+/// refuses, such as managed memory or a range past its allocation) is an
+/// error: taking it for host memory would register device memory as host
+/// memory, which the CPU then touches (SIGSEGV on the first access).
+fn detection(
+    md: &str,
+    addr: u64,
+    len: usize,
+    answer: uct_core::Result<MemoryType>,
+) -> Result<Detection> {
+    match answer {
+        Ok(t) if t.is_host_accessible() => Ok(Detection::NotMine),
+        Ok(t) => Ok(Detection::Claimed(t)),
+        Err(UctError::InvalidParam(why)) => {
+            log::trace!("transfer: {md} does not claim {addr:#x}: {why}");
+            Ok(Detection::NotMine)
+        }
+        Err(e) => Err(TransferError::MemoryType(format!(
+            "cannot tell what memory [{addr:#x}, +{len}) is: memory domain {md} answered: {e} (so it is not registered as host memory either)"
+        ))),
+    }
 }
 
 fn registers(md: &Arc<dyn MemoryDomain>) -> bool {
@@ -538,6 +580,47 @@ mod tests {
         let (t, md) = Memory::detect(buf.as_ptr() as u64, buf.len()).unwrap();
         assert_eq!(t, MemoryType::Host);
         assert_eq!(md, None);
+    }
+
+    #[test]
+    fn only_a_clean_not_mine_answer_counts_as_host_memory() {
+        let ask = |answer| detection("cuda0", 0x7f00_0000_0000, 4096, answer);
+        assert_eq!(ask(Ok(MemoryType::Host)).unwrap(), Detection::NotMine);
+        assert_eq!(
+            ask(Ok(MemoryType::Cuda)).unwrap(),
+            Detection::Claimed(MemoryType::Cuda)
+        );
+        // md-gaudi's "not one of my allocations", md-cuda's "another GPU's".
+        let foreign = Err(UctError::InvalidParam(
+            "not memory this MD allocated".into(),
+        ));
+        assert_eq!(ask(foreign).unwrap(), Detection::NotMine);
+        // A driver failure, managed memory, a range past its allocation:
+        // device memory may lie there, so it is an error, naming the MD.
+        let refusals = [
+            UctError::Device {
+                device: "cuda".into(),
+                message: "cuPointerGetAttributes failed with CUDA_ERROR_LAUNCH_FAILED".into(),
+                source: None,
+            },
+            UctError::MemoryTypeUnsupported {
+                mem_type: MemoryType::Cuda,
+                owner: "md-cuda".into(),
+                hint: "managed (unified) memory".into(),
+            },
+            UctError::NoDevice("cuda1 could not be opened".into()),
+        ];
+        for refusal in refusals {
+            let why = refusal.to_string();
+            match ask(Err(refusal)) {
+                Err(TransferError::MemoryType(text)) => {
+                    assert!(text.contains("cuda0"), "{text}");
+                    assert!(text.contains(&why), "{text}");
+                    assert!(text.contains("0x7f0000000000"), "{text}");
+                }
+                other => panic!("expected a memory-type error, got {other:?}"),
+            }
+        }
     }
 
     #[test]
