@@ -43,6 +43,20 @@ pub enum CudaError {
         ordinal: i32,
     },
 
+    #[error("{device}: {addr:#x} is memory of GPU {ordinal}, which md-cuda did not open (its reason is logged, and `transport-info -d` lists the GPUs it has); it is not registered, as host memory or otherwise")]
+    UnopenedDevice {
+        device: String,
+        addr: u64,
+        ordinal: i32,
+    },
+
+    #[error("{device}: the CUDA driver calls {addr:#x} device memory but does not say {what} it belongs to, so its length cannot be checked; register a pointer from cudaMalloc / cuMemAlloc")]
+    Unattributed {
+        device: String,
+        addr: u64,
+        what: &'static str,
+    },
+
     #[error("{device}: [{addr:#x}, +{len}) runs past the end of its CUDA allocation [{base:#x}, +{size}); register a range inside one allocation")]
     PastAllocation {
         device: String,
@@ -59,7 +73,7 @@ pub enum CudaError {
     ExportUnsupported { device: String },
 
     #[error(
-        "{device}: the range [{addr:#x}, +{len}) cannot be page-aligned inside the address space"
+        "{device}: the range [{addr:#x}, +{len}) cannot be page-aligned inside the address space; pass the device pointer and length of one allocation (from cudaMalloc / cuMemAlloc)"
     )]
     BadRange { device: String, addr: u64, len: u64 },
 }
@@ -97,14 +111,23 @@ impl From<CudaError> for UctError {
                 message: e.to_string(),
                 source: Some(ErrorSource::new(e)),
             },
-            CudaError::Managed { .. } | CudaError::ExportUnsupported { .. } => {
-                UctError::MemoryTypeUnsupported {
-                    mem_type: uct_core::MemoryType::Cuda,
-                    owner: "md-cuda".into(),
-                    hint: e.to_string(),
-                }
-            }
-            _ => UctError::InvalidParam(e.to_string()),
+            CudaError::UnopenedDevice { .. } => UctError::NoDevice(e.to_string()),
+            // Device memory this MD knows and refuses as given: not
+            // InvalidParam, which says "not mine" to memory-type detection
+            // (transfer's Memory::register would take it for host memory).
+            CudaError::Managed { .. }
+            | CudaError::ExportUnsupported { .. }
+            | CudaError::PastAllocation { .. }
+            | CudaError::Unattributed { .. }
+            | CudaError::BadRange { .. } => UctError::MemoryTypeUnsupported {
+                mem_type: uct_core::MemoryType::Cuda,
+                owner: "md-cuda".into(),
+                hint: e.to_string(),
+            },
+            // Not this MD's memory (or a zero size): "not mine".
+            CudaError::ZeroSize { .. }
+            | CudaError::NotOwned { .. }
+            | CudaError::OtherDevice { .. } => UctError::InvalidParam(e.to_string()),
         }
     }
 }
@@ -149,5 +172,66 @@ mod tests {
         }
         .into();
         assert!(matches!(oom, UctError::NoMemory(_)), "{oom:?}");
+    }
+
+    #[test]
+    fn only_not_this_mds_memory_converts_to_invalid_param() {
+        // InvalidParam is "not mine" to transfer's memory-type detection;
+        // device memory this MD refuses must never read so.
+        let device = || "cuda0".to_string();
+        let not_mine = [
+            CudaError::NotOwned {
+                device: device(),
+                addr: 1,
+                len: 1,
+            },
+            CudaError::OtherDevice {
+                device: device(),
+                addr: 1,
+                ordinal: 1,
+            },
+        ];
+        for e in not_mine {
+            assert!(matches!(UctError::from(e), UctError::InvalidParam(_)));
+        }
+        let refused = [
+            CudaError::Managed {
+                device: device(),
+                addr: 1,
+            },
+            CudaError::PastAllocation {
+                device: device(),
+                addr: 1,
+                len: 9,
+                base: 0,
+                size: 4,
+            },
+            CudaError::Unattributed {
+                device: device(),
+                addr: 1,
+                what: "the allocation",
+            },
+            CudaError::UnopenedDevice {
+                device: device(),
+                addr: 1,
+                ordinal: 3,
+            },
+            CudaError::BadRange {
+                device: device(),
+                addr: 1,
+                len: 1,
+            },
+            CudaError::Driver {
+                call: "cuPointerGetAttributes".into(),
+                code: result::LAUNCH_FAILED,
+                name: None,
+            },
+        ];
+        for e in refused {
+            let text = e.to_string();
+            let uct = UctError::from(e);
+            assert!(!matches!(uct, UctError::InvalidParam(_)), "{uct:?}");
+            assert!(uct.to_string().contains(&text), "{uct}");
+        }
     }
 }

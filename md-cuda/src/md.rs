@@ -18,7 +18,7 @@ use uct_core::{
 use crate::backing::{self, live, CudaBacking, Live, Memory, Shared};
 use crate::device::Device;
 use crate::error::CudaError;
-use crate::pointer::{self, PointerInfo, PointerKind};
+use crate::pointer::{self, Owner, PointerInfo, PointerKind};
 use crate::result;
 
 /// The memory domain of one GPU.
@@ -56,66 +56,50 @@ impl CudaMd {
         &self.shared
     }
 
-    /// What the driver says `addr` is.
+    /// What the driver says `addr` is. No context is entered: with
+    /// unified addressing cuPointerGetAttributes answers for any address
+    /// without one, so detecting memory (even a host pointer's, for every
+    /// GPU's MD) never creates a primary context.
     pub fn pointer_info(&self, addr: u64) -> Result<PointerInfo> {
-        let _in = self.dev.enter()?;
         let drv = self.dev.driver();
         let (rc, slots) = drv.pointer_attributes(addr, pointer::ATTRS);
         pointer::decode(rc, &slots).map_err(|code| {
-            match drv.check(code, || format!("cuPointerGetAttributes({addr:#x})")) {
+            let call = || format!("cuPointerGetAttributes({addr:#x}) for {}", self.dev.name);
+            match drv.check(code, call) {
                 Err(e) => e.into(),
-                Ok(()) => UctError::InvalidParam("cuPointerGetAttributes".into()),
+                Ok(()) => UctError::InvalidParam(format!(
+                    "cuPointerGetAttributes({addr:#x}) for {}: a success read as a failure",
+                    self.dev.name
+                )),
             }
         })
     }
 
+    /// Whose memory `[addr, +len)` is, for this GPU: see [`pointer::owner`].
+    fn owner(&self, info: &PointerInfo, addr: u64, len: usize) -> Result<Owner> {
+        let opened: Vec<i32> = self.shared.devices.iter().map(|d| d.ordinal).collect();
+        Ok(pointer::owner(
+            info,
+            addr,
+            len as u64,
+            &self.dev.name,
+            self.dev.ordinal,
+            &opened,
+        )?)
+    }
+
     /// Device memory of this GPU at `[addr, addr + len)`, inside one
-    /// allocation where the driver says which.
+    /// allocation the driver names.
     fn check_own_device(&self, info: &PointerInfo, addr: u64, len: usize) -> Result<()> {
-        let name = || self.dev.name.clone();
-        match info.kind {
-            PointerKind::Device => {}
-            PointerKind::Managed => {
-                return Err(CudaError::Managed {
-                    device: name(),
-                    addr,
-                }
-                .into())
-            }
-            PointerKind::NotCuda | PointerKind::PinnedHost => {
-                return Err(CudaError::NotOwned {
-                    device: name(),
-                    addr,
-                    len: len as u64,
-                }
-                .into())
-            }
-        }
-        if let Some(ordinal) = info.ordinal.filter(|&o| o != self.dev.ordinal) {
-            return Err(CudaError::OtherDevice {
-                device: name(),
+        match self.owner(info, addr, len)? {
+            Owner::This => Ok(()),
+            Owner::Host => Err(CudaError::NotOwned {
+                device: self.dev.name.clone(),
                 addr,
-                ordinal,
+                len: len as u64,
             }
-            .into());
+            .into()),
         }
-        if let Some((base, size)) = info.range {
-            let inside = addr >= base
-                && addr
-                    .checked_add(len as u64)
-                    .is_some_and(|end| end <= base.saturating_add(size));
-            if !inside {
-                return Err(CudaError::PastAllocation {
-                    device: name(),
-                    addr,
-                    len: len as u64,
-                    base,
-                    size,
-                }
-                .into());
-            }
-        }
-        Ok(())
     }
 
     /// A handle over `memory` at `[addr, +len)`, entered in the table.
@@ -381,15 +365,18 @@ impl MemoryDomain for CudaMd {
         Ok(info)
     }
 
+    /// Host memory is `Ok(Host)`; this GPU's device memory is `Ok(Cuda)`;
+    /// another opened GPU's is `InvalidParam` (its own MD claims it: the
+    /// answer is dispatched by the driver's device ordinal); anything else
+    /// (a driver failure, managed memory, memory past its allocation or of
+    /// a GPU md-cuda did not open) is an error of another kind, which the
+    /// caller must not take for host memory.
     fn detect_mem_type(&self, addr: u64, len: usize) -> Result<MemoryType> {
         let info = self.pointer_info(addr)?;
-        match info.kind {
-            PointerKind::NotCuda | PointerKind::PinnedHost => Ok(MemoryType::Host),
-            _ => {
-                self.check_own_device(&info, addr, len)?;
-                Ok(MemoryType::Cuda)
-            }
-        }
+        Ok(match self.owner(&info, addr, len)? {
+            Owner::Host => MemoryType::Host,
+            Owner::This => MemoryType::Cuda,
+        })
     }
 
     fn pack_rkey(&self, mem: &MemHandle) -> Result<RkeyEntry> {

@@ -5,6 +5,7 @@
 
 use std::ffi::c_int;
 
+use crate::error::CudaError;
 use crate::result::{self, CuResult};
 
 /// CU_POINTER_ATTRIBUTE_MEMORY_TYPE (a CUmemorytype, unsigned int).
@@ -70,12 +71,15 @@ fn u32_of(slot: &[u8; 8]) -> u32 {
 
 /// Decodes `cuPointerGetAttributes(ATTRS)`: its status and the slots.
 /// A host pointer is answered with CUDA_ERROR_INVALID_VALUE by older
-/// drivers and with memory type 0 by newer ones: both mean "not CUDA
-/// memory". Any other failure is the driver's (`Err` with the code).
+/// drivers and with memory type 0 by newer ones; CUDA_ERROR_INVALID_CONTEXT
+/// comes where the process has no context at all, and so no device
+/// memory (every allocation lives in a context): all three mean "not CUDA
+/// memory". Any other failure is the driver's (`Err` with the code), and
+/// says nothing about the address.
 pub fn decode(status: CuResult, slots: &[[u8; 8]; 5]) -> Result<PointerInfo, CuResult> {
     match status {
         result::SUCCESS => {}
-        result::INVALID_VALUE => return Ok(PointerInfo::NOT_CUDA),
+        result::INVALID_VALUE | result::INVALID_CONTEXT => return Ok(PointerInfo::NOT_CUDA),
         other => return Err(other),
     }
     let memory_type = u32_of(&slots[0]);
@@ -97,6 +101,81 @@ pub fn decode(status: CuResult, slots: &[[u8; 8]; 5]) -> Result<PointerInfo, CuR
         ordinal: (kind == PointerKind::Device && ordinal >= 0).then_some(ordinal),
         range,
     })
+}
+
+/// Whose memory an address is, from one GPU's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// Host memory (pinned or not): no GPU's.
+    Host,
+    /// Device memory of this GPU, and the range lies inside one allocation.
+    This,
+}
+
+/// What GPU `me` (named `device`) makes of `info` for `[addr, +len)`,
+/// where `opened` are the ordinals md-cuda has an MD for. Device memory
+/// is this GPU's only inside an allocation whose range the driver gave;
+/// another opened GPU's memory is [`CudaError::OtherDevice`] (that GPU's
+/// MD claims it); managed memory, memory of a GPU md-cuda did not open,
+/// and device memory the driver cannot place are refused, by name.
+pub fn owner(
+    info: &PointerInfo,
+    addr: u64,
+    len: u64,
+    device: &str,
+    me: i32,
+    opened: &[i32],
+) -> Result<Owner, CudaError> {
+    let device = || device.to_string();
+    match info.kind {
+        PointerKind::NotCuda | PointerKind::PinnedHost => return Ok(Owner::Host),
+        PointerKind::Managed => {
+            return Err(CudaError::Managed {
+                device: device(),
+                addr,
+            })
+        }
+        PointerKind::Device => {}
+    }
+    let ordinal = info.ordinal.ok_or_else(|| CudaError::Unattributed {
+        device: device(),
+        addr,
+        what: "the GPU",
+    })?;
+    if ordinal != me {
+        return Err(if opened.contains(&ordinal) {
+            CudaError::OtherDevice {
+                device: device(),
+                addr,
+                ordinal,
+            }
+        } else {
+            CudaError::UnopenedDevice {
+                device: device(),
+                addr,
+                ordinal,
+            }
+        });
+    }
+    let (base, size) = info.range.ok_or_else(|| CudaError::Unattributed {
+        device: device(),
+        addr,
+        what: "the allocation",
+    })?;
+    let inside = addr >= base
+        && addr
+            .checked_add(len)
+            .is_some_and(|end| end <= base.saturating_add(size));
+    if !inside {
+        return Err(CudaError::PastAllocation {
+            device: device(),
+            addr,
+            len,
+            base,
+            size,
+        });
+    }
+    Ok(Owner::This)
 }
 
 #[cfg(test)]
@@ -156,8 +235,24 @@ mod tests {
     }
 
     #[test]
+    fn no_context_in_the_process_means_no_device_memory() {
+        let none = [[0u8; 8]; 5];
+        assert_eq!(
+            decode(result::INVALID_CONTEXT, &none).unwrap().kind,
+            PointerKind::NotCuda
+        );
+    }
+
+    #[test]
     fn other_failures_are_the_drivers() {
         let none = [[0u8; 8]; 5];
+        for code in [
+            result::LAUNCH_FAILED,
+            result::ILLEGAL_ADDRESS,
+            result::UNKNOWN,
+        ] {
+            assert_eq!(decode(code, &none), Err(code));
+        }
         assert_eq!(
             decode(result::NOT_INITIALIZED, &none),
             Err(result::NOT_INITIALIZED)
@@ -166,5 +261,95 @@ mod tests {
             decode(result::DEINITIALIZED, &none),
             Err(result::DEINITIALIZED)
         );
+    }
+
+    const BASE: u64 = 0x7f00_0020_0000;
+
+    fn device(ordinal: Option<i32>, range: Option<(u64, u64)>) -> PointerInfo {
+        PointerInfo {
+            kind: PointerKind::Device,
+            ordinal,
+            range,
+        }
+    }
+
+    fn own(info: &PointerInfo, addr: u64, len: u64) -> Result<Owner, CudaError> {
+        owner(info, addr, len, "cuda0", 0, &[0, 1])
+    }
+
+    #[test]
+    fn host_memory_is_no_gpus_and_this_gpus_memory_is_its_own() {
+        for kind in [PointerKind::NotCuda, PointerKind::PinnedHost] {
+            let info = PointerInfo {
+                kind,
+                ..PointerInfo::NOT_CUDA
+            };
+            assert_eq!(own(&info, 0x1000, 4096).unwrap(), Owner::Host);
+        }
+        let info = device(Some(0), Some((BASE, 1 << 20)));
+        assert_eq!(own(&info, BASE, 1 << 20).unwrap(), Owner::This);
+        assert_eq!(own(&info, BASE + 4096, 4096).unwrap(), Owner::This);
+    }
+
+    #[test]
+    fn a_range_past_its_allocation_or_with_no_known_allocation_is_refused() {
+        let info = device(Some(0), Some((BASE, 1 << 20)));
+        let past = own(&info, BASE + 4096, 1 << 20).unwrap_err();
+        assert!(matches!(past, CudaError::PastAllocation { .. }), "{past:?}");
+        let wraps = own(&info, BASE, u64::MAX).unwrap_err();
+        assert!(
+            matches!(wraps, CudaError::PastAllocation { .. }),
+            "{wraps:?}"
+        );
+        let unknown = own(&device(Some(0), None), BASE, 1).unwrap_err();
+        assert!(
+            matches!(
+                unknown,
+                CudaError::Unattributed {
+                    what: "the allocation",
+                    ..
+                }
+            ),
+            "{unknown:?}"
+        );
+        let nobody = own(&device(None, Some((BASE, 4096))), BASE, 1).unwrap_err();
+        assert!(
+            matches!(
+                nobody,
+                CudaError::Unattributed {
+                    what: "the GPU",
+                    ..
+                }
+            ),
+            "{nobody:?}"
+        );
+    }
+
+    #[test]
+    fn another_gpus_memory_is_its_md_s_and_an_unopened_gpus_is_refused() {
+        let theirs = device(Some(1), Some((BASE, 4096)));
+        let e = own(&theirs, BASE, 4096).unwrap_err();
+        assert!(
+            matches!(e, CudaError::OtherDevice { ordinal: 1, .. }),
+            "{e:?}"
+        );
+        let unopened = device(Some(2), Some((BASE, 4096)));
+        let e = own(&unopened, BASE, 4096).unwrap_err();
+        assert!(
+            matches!(e, CudaError::UnopenedDevice { ordinal: 2, .. }),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn managed_memory_is_refused_by_name() {
+        let managed = PointerInfo {
+            kind: PointerKind::Managed,
+            ordinal: None,
+            range: Some((BASE, 4096)),
+        };
+        let e = own(&managed, BASE, 4096).unwrap_err();
+        assert!(matches!(e, CudaError::Managed { .. }), "{e:?}");
+        assert!(e.to_string().contains("managed"), "{e}");
     }
 }
