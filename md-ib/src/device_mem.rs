@@ -11,7 +11,7 @@ use std::os::fd::AsFd;
 use rdma_sys::ibv_reg_mr;
 use uct_core::{Access, MemHandle, MemoryType, Result, UctError};
 
-use crate::error::{VerbsError, ENOTSUPP};
+use crate::error::{errno, VerbsError, ENOTSUPP};
 use crate::md::{verbs_access, IbBacking, IbMd, DMABUF_NICS};
 use crate::peermem::{self, RegPath};
 use crate::verbs::Mr;
@@ -180,19 +180,19 @@ impl IbMd {
                 verbs_access(access),
             )
         };
+        // Read before anything (the message's format!) can change it.
+        let errno = errno();
         // SAFETY: `mr_ptr` is null or an MR just registered on our PD that
         // nothing else owns.
         unsafe {
-            Mr::from_raw(
-                mr_ptr,
-                self.pd(),
+            Mr::from_raw(mr_ptr, self.pd(), errno, || {
                 format!(
                     "ibv_reg_mr of {} bytes of {} memory at {:#x} (peer memory)",
                     mem.len(),
                     mem.mem_type(),
                     mem.addr()
-                ),
-            )
+                )
+            })
         }
     }
 }

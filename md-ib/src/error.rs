@@ -52,6 +52,13 @@ pub struct VerbsError {
     pub source: io::Error,
 }
 
+/// The calling thread's errno, read now: call it right after the failed
+/// verbs call, before anything that allocates (a `format!`) or makes
+/// another call, either of which may change it.
+pub fn errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
 impl VerbsError {
     /// `call` failed with `errno`.
     pub fn new(call: impl Into<String>, errno: i32) -> Self {
@@ -65,9 +72,11 @@ impl VerbsError {
     }
 
     /// `call` failed with the calling thread's errno, which verbs calls
-    /// that return a pointer set.
+    /// that return a pointer set. Only where nothing ran since the call:
+    /// an argument made with `format!` allocates first, which may change
+    /// errno; there read [`errno`] first and use [`new`](Self::new).
     pub fn last(call: impl Into<String>) -> Self {
-        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        let errno = errno();
         VerbsError::new(call, errno)
     }
 

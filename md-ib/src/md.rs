@@ -17,7 +17,7 @@ use uct_core::{
 };
 
 use crate::device::DeviceInfo;
-use crate::error::{VerbsError, ENOTSUPP};
+use crate::error::{errno, VerbsError, ENOTSUPP};
 use crate::verbs::{Context, Mr, Pd};
 
 /// NICs whose drivers register DMA-bufs.
@@ -427,14 +427,14 @@ impl IbMd {
                 verbs_access(access),
             )
         };
+        // Read before anything (the message's format!) can change it.
+        let errno = errno();
         // SAFETY: `mr_ptr` is null or an MR just registered on self.pd that
         // nothing else owns.
         let mr = unsafe {
-            Mr::from_raw(
-                mr_ptr,
-                &self.pd,
-                format!("ibv_reg_mr of {len} bytes on {}", self.info.name),
-            )
+            Mr::from_raw(mr_ptr, &self.pd, errno, || {
+                format!("ibv_reg_mr of {len} bytes on {}", self.info.name)
+            })
         };
         Ok(mr?)
     }
@@ -506,14 +506,18 @@ impl IbMd {
                 verbs_access(access),
             )
         };
-        let call = format!(
-            "ibv_reg_dmabuf_mr(fd {}, offset {offset}, {len} bytes, iova {iova:#x})",
-            fd.as_raw_fd()
-        );
+        // Read first: the message below is formatted (an allocation, which
+        // may change errno) only on failure, and after this.
+        let errno = errno();
+        let call = || {
+            format!(
+                "ibv_reg_dmabuf_mr(fd {}, offset {offset}, {len} bytes, iova {iova:#x})",
+                fd.as_raw_fd()
+            )
+        };
         // SAFETY: `mr_ptr` is null or an MR just registered on self.pd
-        // that nothing else owns; on null, from_raw reads the errno the
-        // call left (nothing ran in between).
-        unsafe { Mr::from_raw(mr_ptr, &self.pd, call) }
+        // that nothing else owns.
+        unsafe { Mr::from_raw(mr_ptr, &self.pd, errno, call) }
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rdma_sys::*;
 use uct_core::UctError;
 
-use crate::error::VerbsError;
+use crate::error::{errno, VerbsError};
 
 /// An open device.
 pub struct Context {
@@ -43,7 +43,9 @@ impl Context {
             if dname == name {
                 // SAFETY: dev is an entry of the list, which is not freed
                 // yet (an opened context outlives the list).
-                found = Some(unsafe { ibv_open_device(dev) });
+                let ctx = unsafe { ibv_open_device(dev) };
+                // Read now: freeing the list below may change it.
+                found = Some((ctx, errno()));
                 break;
             }
         }
@@ -52,14 +54,14 @@ impl Context {
         unsafe { ibv_free_device_list(list) };
         match found {
             None => Err(UctError::NoDevice(format!("RDMA device {name}"))),
-            Some(p) => NonNull::new(p)
+            Some((p, errno)) => NonNull::new(p)
                 .map(|ptr| {
                     Arc::new(Context {
                         ptr,
                         name: name.to_string(),
                     })
                 })
-                .ok_or_else(|| VerbsError::last(format!("ibv_open_device({name})")).into()),
+                .ok_or_else(|| VerbsError::new(format!("ibv_open_device({name})"), errno).into()),
         }
     }
 
@@ -194,7 +196,10 @@ unsafe impl Sync for Mr {}
 
 impl Mr {
     /// Wraps a region returned by a registration call on `pd`; a null
-    /// pointer is the error `call` failed with (the thread's errno).
+    /// pointer is the error the call (described by `call`, formatted only
+    /// then) failed with: `errno`, which the caller read with
+    /// [`errno`](crate::error::errno) right after the call, before
+    /// anything could change it.
     ///
     /// # Safety
     /// `p` is null or an MR registered on `pd` and owned by nobody else:
@@ -204,19 +209,20 @@ impl Mr {
     ///
     /// ```compile_fail,E0133
     /// fn wrap(pd: &std::sync::Arc<md_ib::verbs::Pd>) {
-    ///     let _ = md_ib::verbs::Mr::from_raw(0xdead as *mut rdma_sys::ibv_mr, pd, "forged");
+    ///     let _ = md_ib::verbs::Mr::from_raw(0xdead as *mut rdma_sys::ibv_mr, pd, 0, String::new);
     /// }
     /// ```
     pub unsafe fn from_raw(
         p: *mut ibv_mr,
         pd: &Arc<Pd>,
-        call: impl Into<String>,
+        errno: i32,
+        call: impl FnOnce() -> String,
     ) -> Result<Mr, VerbsError> {
         match NonNull::new(p) {
             // SAFETY: by the contract, a non-null `p` is a live MR, not yet
             // deregistered: its keys can be read.
             Some(ptr) => Ok(unsafe { Mr::wrap(ptr, pd, dereg_mr) }),
-            None => Err(VerbsError::last(call).on(pd.context().name())),
+            None => Err(VerbsError::new(call(), errno).on(pd.context().name())),
         }
     }
 
@@ -356,6 +362,26 @@ mod tests {
             (*mr).rkey = 0xdead;
         }
         0
+    }
+
+    /// A failed registration reports the errno read right after the call,
+    /// whatever the message's formatting did to the thread's errno since.
+    #[test]
+    fn a_failed_registration_keeps_the_errno_read_after_the_call() {
+        let pd = fake_pd();
+        let clobber = || {
+            // What an allocation may do: set errno to something else.
+            // SAFETY: __errno_location is this thread's errno.
+            unsafe { *libc::__errno_location() = libc::ENOMEM };
+            "ibv_reg_dmabuf_mr(fd 9)".to_string()
+        };
+        // SAFETY: a null MR: nothing is wrapped.
+        let e = unsafe { Mr::from_raw(std::ptr::null_mut(), &pd, crate::error::ENOTSUPP, clobber) }
+            .err()
+            .expect("a null MR is an error");
+        assert_eq!(e.errno, crate::error::ENOTSUPP);
+        assert!(e.to_string().contains("ibv_reg_dmabuf_mr(fd 9)"), "{e}");
+        assert_eq!(errno(), libc::ENOMEM, "the stand-in allocation ran");
     }
 
     /// Finding 12.7, through `Mr::deregister` (what IbBacking's Drop
