@@ -101,6 +101,25 @@ pub fn describe(code: CuResult, driver_name: Option<&str>) -> String {
     }
 }
 
+/// Whether `code` leaves the context unusable (a "sticky" error): once the
+/// driver reports one, no work of that context runs any more, so memory a
+/// failed copy touched can be let go. Any other failure of a query (the
+/// context could not be entered, the driver is busy) says nothing about the
+/// copy, which may still be running.
+pub fn is_sticky(code: CuResult) -> bool {
+    matches!(
+        code,
+        ECC_UNCORRECTABLE
+            | ILLEGAL_ADDRESS
+            | 702 // LAUNCH_TIMEOUT
+            | CONTEXT_IS_DESTROYED
+            | 710 // ASSERT
+            | 714
+            ..=718 // HARDWARE_STACK_ERROR .. INVALID_PC
+            | LAUNCH_FAILED
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,5 +156,21 @@ mod tests {
         );
         assert_eq!(describe(12345, None), "CUresult 12345");
         assert_eq!(hint(12345), "");
+    }
+
+    #[test]
+    fn only_errors_that_end_the_context_are_sticky() {
+        for code in [ILLEGAL_ADDRESS, LAUNCH_FAILED, ECC_UNCORRECTABLE, 716] {
+            assert!(is_sticky(code), "{code}");
+        }
+        for code in [
+            NOT_READY,
+            INVALID_CONTEXT,
+            NOT_INITIALIZED,
+            INVALID_VALUE,
+            UNKNOWN,
+        ] {
+            assert!(!is_sticky(code), "{code}");
+        }
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use md_cuda::{CudaMd, Device, Event, Stream};
+use md_cuda::{result, CudaMd, Device, Event, Stream};
 use uct_core::region_table::RegionTable;
 use uct_core::{
     AmHandler, Caps, Endpoint, EpParams, Iface, IfaceAttrs, MemoryDomain, MemoryType, Result,
@@ -14,7 +14,7 @@ use uct_core::{
 
 use crate::addr::{self, Target, DEVICE_ADDR_LEN, IFACE_ADDR_LEN};
 use crate::ep::CudaCopyEp;
-use crate::queue::{Done, OpQueue, Signal};
+use crate::queue::{Done, OpQueue, Poll, Signal};
 
 /// The transport's name.
 pub const TRANSPORT: &str = "cuda_copy";
@@ -26,8 +26,15 @@ pub const MAX_IOV: usize = 16;
 pub const MAX_ZCOPY: usize = 1 << 40;
 
 impl Signal for Event {
-    fn is_done(&self) -> Result<bool> {
-        Event::is_done(self).map_err(UctError::from)
+    fn poll(&self) -> Poll {
+        match Event::is_done(self) {
+            Ok(false) => Poll::Running,
+            Ok(true) => Poll::Done,
+            Err(e) if e.code().is_some_and(result::is_sticky) => Poll::Failed(e.into()),
+            // Entering the context failed, or a transient error: the copy
+            // may still run.
+            Err(e) => Poll::Unknown(e.into()),
+        }
     }
 }
 
@@ -71,7 +78,14 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // Every copy finishes before its memory is let go and its
         // completion fires; a failed wait fails them all.
-        let waited = self.stream.synchronize().map_err(UctError::from);
+        let waited = self.stream.synchronize();
+        // Waited for, or failed for good: nothing of the copies runs any
+        // more. Otherwise (the context could not be entered) they may, and
+        // their memory is leaked rather than freed under them.
+        let copies_over = match &waited {
+            Ok(()) => true,
+            Err(e) => e.code().is_some_and(result::is_sticky),
+        };
         if let Err(e) = &waited {
             log::error!("cuda_copy: waiting for the stream of a closing iface: {e}");
         }
@@ -80,7 +94,7 @@ impl Drop for Inner {
                 "the cuda_copy iface closed and its stream failed: {e}"
             ))
         });
-        let drained = self.queue.drain(result);
+        let drained = self.queue.drain(result, copies_over);
         self.stream.device().ops_done(drained.len());
         drained.into_iter().for_each(Done::complete);
     }

@@ -11,11 +11,26 @@ use std::collections::VecDeque;
 
 use uct_core::{Completion, MemHandle, Status, UctError};
 
+/// What a signal says about the work before it.
+#[derive(Debug)]
+pub enum Poll {
+    /// Still running.
+    Running,
+    /// Finished.
+    Done,
+    /// The work failed, and nothing of it runs any more (the driver's
+    /// sticky error: the context is unusable).
+    Failed(UctError),
+    /// The signal could not be asked (the context could not be entered, a
+    /// transient driver error): the work may still be running, so its
+    /// memory is kept and it is asked again at the next progress.
+    Unknown(UctError),
+}
+
 /// When the work before it is done.
 pub trait Signal {
-    /// `Ok(true)` once done, `Ok(false)` while it runs; an error is the
-    /// failure of that work.
-    fn is_done(&self) -> Result<bool, UctError>;
+    /// What the work before it is doing.
+    fn poll(&self) -> Poll;
 }
 
 struct Pending<S> {
@@ -23,6 +38,8 @@ struct Pending<S> {
     comps: Vec<Completion>,
     /// Local memory of the copy: kept until it is done.
     _hold: Vec<MemHandle>,
+    /// An `Unknown` answer was logged for it already.
+    warned: bool,
 }
 
 /// Copies in flight, oldest first.
@@ -68,6 +85,7 @@ impl<S: Signal> OpQueue<S> {
             signal,
             comps,
             _hold: hold,
+            warned: false,
         });
     }
 
@@ -89,13 +107,26 @@ impl<S: Signal> OpQueue<S> {
     /// [`Done::complete`], after letting go of its locks: a completion's
     /// callback may post again, and releasing memory may wait for a lock
     /// a poster holds.
+    ///
+    /// An operation whose signal cannot be asked stays (with its memory)
+    /// and is asked again next time: letting its memory go while the copy
+    /// may still run would free memory under a DMA.
     pub fn take_done(&mut self, mut recycle: impl FnMut(S)) -> Vec<Done> {
         let mut done = Vec::new();
-        while let Some(front) = self.fifo.front() {
-            let result = match front.signal.is_done() {
-                Ok(false) => break,
-                Ok(true) => Ok(()),
-                Err(e) => Err(e),
+        while let Some(front) = self.fifo.front_mut() {
+            let result = match front.signal.poll() {
+                Poll::Running => break,
+                Poll::Done => Ok(()),
+                Poll::Failed(e) => Err(e),
+                Poll::Unknown(e) => {
+                    if !front.warned {
+                        front.warned = true;
+                        log::warn!(
+                            "cuda_copy: cannot tell whether a copy is done ({e}); it and its memory stay queued, asked again at each progress"
+                        );
+                    }
+                    break;
+                }
             };
             let Some(p) = self.fifo.pop_front() else {
                 break;
@@ -112,15 +143,30 @@ impl<S: Signal> OpQueue<S> {
         done
     }
 
-    /// Takes every operation, to be ended with `result` (after the stream
-    /// was waited for, or failed): the iface is going away.
-    pub fn drain(&mut self, result: Result<(), UctError>) -> Vec<Done> {
+    /// Takes every operation, to be ended with `result`: the iface is
+    /// going away. `copies_over` says whether nothing of them can run any
+    /// more (the stream was waited for, or its context failed for good);
+    /// otherwise their memory is leaked, never let go under a copy that
+    /// may still run.
+    pub fn drain(&mut self, result: Result<(), UctError>, copies_over: bool) -> Vec<Done> {
+        let leaked = self.fifo.iter().map(|p| p._hold.len()).sum::<usize>();
+        if !copies_over && leaked > 0 {
+            log::error!(
+                "cuda_copy: {leaked} memory handle(s) of copies that may still run are leaked (not freed under the copy)"
+            );
+        }
         self.fifo
             .drain(..)
-            .map(|p| Done {
-                comps: p.comps,
-                result: result.clone(),
-                _hold: p._hold,
+            .map(|p| {
+                let mut hold = p._hold;
+                if !copies_over {
+                    hold.drain(..).for_each(std::mem::forget);
+                }
+                Done {
+                    comps: p.comps,
+                    result: result.clone(),
+                    _hold: hold,
+                }
             })
             .collect()
     }
@@ -165,17 +211,49 @@ mod tests {
         }
     }
 
+    const UNKNOWN: u8 = 3;
+
     impl Signal for Flag {
-        fn is_done(&self) -> Result<bool, UctError> {
+        fn poll(&self) -> Poll {
             match self.0.get() {
-                RUNNING => Ok(false),
-                DONE => Ok(true),
-                _ => Err(UctError::Device {
+                RUNNING => Poll::Running,
+                DONE => Poll::Done,
+                UNKNOWN => Poll::Unknown(UctError::Device {
+                    device: "cuda0".into(),
+                    message: "cuCtxSetCurrent failed with CUDA_ERROR_INVALID_CONTEXT (201)".into(),
+                    source: None,
+                }),
+                _ => Poll::Failed(UctError::Device {
                     device: "cuda0".into(),
                     message: "cuEventQuery failed with CUDA_ERROR_ILLEGAL_ADDRESS (700)".into(),
                     source: None,
                 }),
             }
+        }
+    }
+
+    struct NoBacking;
+
+    impl uct_core::memory::MemBacking for NoBacking {
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    /// A handle standing in for a copy's device memory: its strong count
+    /// says whether the queue still holds it.
+    fn device_memory() -> MemHandle {
+        // SAFETY: device memory (not host-accessible): nothing reads or
+        // writes it through the address.
+        unsafe {
+            uct_core::MemRegion::new(
+                0x7f00_0000_0000,
+                4096,
+                uct_core::MemoryType::Cuda,
+                uct_core::Access::all(),
+                "cuda0",
+                Box::new(NoBacking),
+            )
         }
     }
 
@@ -257,9 +335,10 @@ mod tests {
         let mut q = OpQueue::new(4);
         let c = Completion::new();
         q.push(Flag::new(), Some(&c), vec![]);
-        let done = q.drain(Err(UctError::Canceled(
-            "the cuda_copy iface was closed".into(),
-        )));
+        let done = q.drain(
+            Err(UctError::Canceled("the cuda_copy iface was closed".into())),
+            true,
+        );
         assert!(
             !c.is_complete(),
             "completions fire only when the caller completes them"
@@ -267,5 +346,53 @@ mod tests {
         done.into_iter().for_each(Done::complete);
         assert!(c.is_complete() && c.result().is_err());
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_copy_whose_signal_cannot_be_asked_keeps_its_memory_and_stays() {
+        let mut q = OpQueue::new(4);
+        let (a, mem, c) = (Flag::new(), device_memory(), Completion::new());
+        q.push(a.clone(), Some(&c), vec![mem.clone()]);
+        a.set(UNKNOWN);
+        for _ in 0..3 {
+            assert_eq!(progress(&mut q, |_| {}), 0);
+        }
+        assert_eq!(q.len(), 1, "the copy may still run: it stays queued");
+        assert_eq!(std::sync::Arc::strong_count(&mem), 2, "its memory is held");
+        assert!(!c.is_complete());
+        // Asked again once the driver answers.
+        a.set(DONE);
+        assert_eq!(progress(&mut q, |_| {}), 1);
+        assert!(c.result().is_ok());
+        assert_eq!(std::sync::Arc::strong_count(&mem), 1, "let go once done");
+    }
+
+    #[test]
+    fn a_failed_copy_lets_its_memory_go() {
+        let mut q = OpQueue::new(4);
+        let (a, mem) = (Flag::new(), device_memory());
+        q.push(a.clone(), None, vec![mem.clone()]);
+        a.set(FAILED);
+        assert_eq!(progress(&mut q, |_| {}), 1);
+        assert_eq!(std::sync::Arc::strong_count(&mem), 1);
+    }
+
+    #[test]
+    fn a_drain_with_copies_that_may_run_leaks_their_memory() {
+        let mut q = OpQueue::new(4);
+        let mem = device_memory();
+        q.push(Flag::new(), None, vec![mem.clone()]);
+        let closed = || Err(UctError::Canceled("closed".into()));
+        q.drain(closed(), false)
+            .into_iter()
+            .for_each(Done::complete);
+        assert_eq!(
+            std::sync::Arc::strong_count(&mem),
+            2,
+            "never let go under a copy that may run"
+        );
+        q.push(Flag::new(), None, vec![mem.clone()]);
+        q.drain(closed(), true).into_iter().for_each(Done::complete);
+        assert_eq!(std::sync::Arc::strong_count(&mem), 2, "only the leak left");
     }
 }
