@@ -141,13 +141,22 @@ impl Device {
 
     /// Counts `n` operations queued on a stream of this GPU; the transport
     /// counts them while the memory they touch is still locked for them,
-    /// so that a free that comes after sees them.
+    /// so that a free that comes after sees them. Safe: counting too many
+    /// only makes frees wait for the GPU when they need not.
     pub fn ops_queued(&self, n: usize) {
         self.inflight.fetch_add(n, Ordering::SeqCst);
     }
 
     /// Counts `n` operations seen complete (or abandoned after a wait).
-    pub fn ops_done(&self, n: usize) {
+    ///
+    /// # Safety
+    /// The `n` operations were counted with [`ops_queued`](Self::ops_queued)
+    /// and have finished on the GPU (their event said so, or their stream
+    /// was synchronised), or their memory is never let go: a free while the
+    /// count reads zero frees at once, with no wait for the GPU, so
+    /// counting an operation done while it runs lets memory be freed under
+    /// its DMA.
+    pub unsafe fn ops_done(&self, n: usize) {
         let _ = self
             .inflight
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
@@ -182,7 +191,10 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         if let Some(Ok(_)) = self.ctx.get() {
-            if let Err(e) = self.drv.primary_ctx_release(self.handle) {
+            // SAFETY: retained once, in `context`; released once, here,
+            // when the device drops: every handle, stream and event of
+            // md-cuda holds an Arc of it, so none is left.
+            if let Err(e) = unsafe { self.drv.primary_ctx_release(self.handle) } {
                 log::warn!("{}: releasing the primary context: {e}", self.name);
             }
         }

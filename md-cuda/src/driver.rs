@@ -312,8 +312,16 @@ impl Driver {
     }
 
     /// `cuDevicePrimaryCtxRelease_v2`.
-    pub fn primary_ctx_release(&self, dev: CuDevice) -> Result<()> {
-        // SAFETY: CtxReleaseFn takes a value (see the contract).
+    ///
+    /// # Safety
+    /// The caller retained the context once with
+    /// [`primary_ctx_retain`](Self::primary_ctx_retain), releases it once,
+    /// and nothing of md-cuda uses it after (no memory, stream, event or
+    /// copy of it is left): the last release destroys the context, and
+    /// with it the memory and the copies in flight.
+    pub(crate) unsafe fn primary_ctx_release(&self, dev: CuDevice) -> Result<()> {
+        // SAFETY: CtxReleaseFn takes a value (see the contract); the
+        // caller vouches for the rest.
         let rc = unsafe { (self.primary_ctx_release)(dev) };
         self.check(rc, || format!("cuDevicePrimaryCtxRelease_v2(device {dev})"))
     }

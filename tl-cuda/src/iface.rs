@@ -67,7 +67,9 @@ impl Shared {
         // Completions fire, and memory goes back, with the lock let go.
         let n = done.len();
         if n > 0 {
-            self.dev.ops_done(n);
+            // SAFETY: these were counted when queued, and their events
+            // said they finished (take_done keeps any it cannot ask).
+            unsafe { self.dev.ops_done(n) };
             done.into_iter().for_each(Done::complete);
         }
         n
@@ -95,7 +97,9 @@ impl Drop for Inner {
             ))
         });
         let drained = self.queue.drain(result, copies_over);
-        self.stream.device().ops_done(drained.len());
+        // SAFETY: counted when queued; the stream was waited for, or it
+        // failed for good, or their memory was leaked (drain above).
+        unsafe { self.stream.device().ops_done(drained.len()) };
         drained.into_iter().for_each(Done::complete);
     }
 }
