@@ -10,6 +10,7 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use uct_core::host_alloc::HostAlloc;
@@ -19,7 +20,7 @@ use uct_core::{MemHandle, MemInfo, MemRegion, MemoryType, Result, UctError};
 
 use crate::device::Device;
 use crate::error::CudaError;
-use crate::export::{export_range, flag_attempts, host_page_size};
+use crate::export::{export_range, flag_attempts, host_page_size, ExportRange};
 
 /// Device ranges an MD knows (allocated or registered): base -> length.
 pub(crate) type Live = Arc<Mutex<BTreeMap<u64, u64>>>;
@@ -74,6 +75,19 @@ impl CudaBacking {
     }
 }
 
+/// What a DMA-buf of `range` is: `base` and `len` are what the fd covers
+/// (the exported range), and the offset is the queried address's in it, so
+/// that `base + offset` is that address (MemInfo's contract).
+fn exported(range: &ExportRange, fd: OwnedFd, bus_id: &str) -> MemInfo {
+    MemInfo {
+        mem_type: MemoryType::Cuda,
+        base: range.base,
+        len: range.size as usize,
+        system_device: Some(bus_id.to_string()),
+        dmabuf: Some((fd, range.offset)),
+    }
+}
+
 /// A DMA-buf of the page-aligned range around `[addr, addr + len)` of
 /// `dev`'s memory, with the buffer's offset in it; the caller owns the fd.
 pub(crate) fn export(dev: &Device, shared: &Shared, addr: u64, len: u64) -> Result<MemInfo> {
@@ -103,13 +117,7 @@ pub(crate) fn export(dev: &Device, shared: &Shared, addr: u64, len: u64) -> Resu
                         dev.name
                     );
                 }
-                return Ok(MemInfo {
-                    mem_type: MemoryType::Cuda,
-                    base: addr,
-                    len: len as usize,
-                    system_device: Some(dev.bus_id.clone()),
-                    dmabuf: Some((fd, range.offset)),
-                });
+                return Ok(exported(&range, fd, &dev.bus_id));
             }
             Err(e) => {
                 if i + 1 < attempts.len() {
@@ -189,5 +197,30 @@ impl Drop for CudaBacking {
         if let Err(e) = freed {
             log::error!("{}: releasing memory: {e}", self.dev.name);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_answers_with_what_the_fd_covers() {
+        let (addr, len) = (0x7f00_0020_1234u64, 10_000u64);
+        let range = export_range(addr, len, 4096).expect("a range");
+        let fd = OwnedFd::from(std::fs::File::open("/dev/null").expect("/dev/null"));
+        let info = exported(&range, fd, "0000:3b:00.0");
+        let (_, offset) = info.dmabuf.as_ref().expect("a DMA-buf");
+        assert_eq!(
+            info.base + offset,
+            addr,
+            "base + offset is the queried address"
+        );
+        assert_eq!(info.base % 4096, 0);
+        assert!(
+            info.base + info.len as u64 >= addr + len,
+            "the fd covers the bytes asked"
+        );
+        assert_eq!((info.base, info.len as u64), (range.base, range.size));
     }
 }

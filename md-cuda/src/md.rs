@@ -344,25 +344,22 @@ impl MemoryDomain for CudaMd {
     }
 
     fn query(&self, addr: u64, len: usize) -> Result<MemInfo> {
-        let owning = {
+        let owned = {
             let map = live(&self.live);
-            map.range(..=addr)
-                .next_back()
-                .map(|(&b, &l)| (b, l))
-                .filter(|&(b, l)| {
-                    addr.checked_add(len as u64)
-                        .is_some_and(|end| end <= b.saturating_add(l))
-                })
+            map.range(..=addr).next_back().is_some_and(|(&b, &l)| {
+                addr.checked_add(len as u64)
+                    .is_some_and(|end| end <= b.saturating_add(l))
+            })
         };
-        let (base, size) = owning.ok_or_else(|| CudaError::NotOwned {
+        owned.then_some(()).ok_or_else(|| CudaError::NotOwned {
             device: self.dev.name.clone(),
             addr,
             len: len as u64,
         })?;
-        let mut info = backing::export(&self.dev, &self.shared, addr, len as u64)?;
-        info.base = base;
-        info.len = size as usize;
-        Ok(info)
+        // base and len are the exported range (page-aligned around the
+        // bytes asked, inside their allocation): what the fd covers, with
+        // the offset of `addr` in it.
+        backing::export(&self.dev, &self.shared, addr, len as u64)
     }
 
     /// Host memory is `Ok(Host)`; this GPU's device memory is `Ok(Cuda)`;

@@ -72,12 +72,17 @@ fn list_gpus() -> Result<TestCompletion, Failed> {
 
 /// The exporter of a DMA-buf fd, from /proc/self/fdinfo.
 fn exporter(fd: i32) -> Result<String, Failed> {
+    fdinfo_field(fd, "exp_name:")
+}
+
+/// A field of /proc/self/fdinfo/`fd` (a DMA-buf's `exp_name:`, `size:`).
+fn fdinfo_field(fd: i32, field: &str) -> Result<String, Failed> {
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))?;
     info.lines()
-        .find_map(|l| l.strip_prefix("exp_name:"))
+        .find_map(|l| l.strip_prefix(field))
         .map(|n| n.trim().to_string())
         .filter(|n| !n.is_empty())
-        .ok_or_else(|| format!("/proc/self/fdinfo/{fd} names no exporter:\n{info}").into())
+        .ok_or_else(|| format!("/proc/self/fdinfo/{fd} has no {field}:\n{info}").into())
 }
 
 fn export_256mib() -> Result<TestCompletion, Failed> {
@@ -89,6 +94,20 @@ fn export_256mib() -> Result<TestCompletion, Failed> {
         .ok_or("device memory answers no query")??;
     let (fd, offset) = info.dmabuf.ok_or("no DMA-buf in the answer")?;
     let name = exporter(fd.as_raw_fd())?;
+    // MemInfo's contract: base and len are what the fd covers.
+    if info.base + offset != mem.addr() || info.len < 256 * MIB {
+        return Err(format!(
+            "base {:#x} + offset {offset} is not the buffer at {:#x}, or len {} is short",
+            info.base,
+            mem.addr(),
+            info.len
+        )
+        .into());
+    }
+    let size = fdinfo_field(fd.as_raw_fd(), "size:")?;
+    if size != info.len.to_string() {
+        return Err(format!("fdinfo says size {size}, the answer len {}", info.len).into());
+    }
     println!(
         "gpu: 256 MiB at {:#x} exported as fd {} (offset {offset}), exporter {name}",
         mem.addr(),
