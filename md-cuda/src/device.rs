@@ -5,7 +5,7 @@
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::driver::{CuDevice, CuHandle, Driver, ATTR_DMA_BUF_SUPPORTED};
 use crate::error::{CudaError, Result};
@@ -20,6 +20,14 @@ struct Context(NonNull<c_void>);
 unsafe impl Send for Context {}
 // SAFETY: as above: shared references only copy the handle.
 unsafe impl Sync for Context {}
+
+/// A stream of this GPU that cuda_copy queues on: what a free waits for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct StreamHandle(NonNull<c_void>);
+
+// SAFETY: a CUstream is a handle the driver API accepts from any thread;
+// it is never dereferenced here.
+unsafe impl Send for StreamHandle {}
 
 /// One GPU of this host, as the driver numbers it.
 pub struct Device {
@@ -44,6 +52,10 @@ pub struct Device {
     /// complete: freeing memory waits for the GPU while there are any (see
     /// [`Device::quiesce`]).
     inflight: AtomicUsize,
+    /// The live streams of md-cuda on this GPU; a stream is destroyed
+    /// under this lock, so that [`Device::quiesce`] never waits on a
+    /// destroyed one.
+    streams: Mutex<Vec<StreamHandle>>,
 }
 
 impl std::fmt::Debug for Device {
@@ -98,6 +110,7 @@ impl Device {
             dmabuf,
             ctx: OnceLock::new(),
             inflight: AtomicUsize::new(0),
+            streams: Mutex::new(Vec::new()),
         })
     }
 
@@ -169,16 +182,44 @@ impl Device {
         self.inflight.load(Ordering::SeqCst)
     }
 
-    /// Waits until the work queued on this GPU has finished, so that
+    fn streams(&self) -> MutexGuard<'_, Vec<StreamHandle>> {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lists a stream just created on this GPU.
+    pub(crate) fn add_stream(&self, raw: NonNull<c_void>) {
+        self.streams().push(StreamHandle(raw));
+    }
+
+    /// Takes a stream off the list and runs `destroy` under the list's
+    /// lock: a [`quiesce`](Self::quiesce) either waits on it before, or
+    /// no longer sees it.
+    pub(crate) fn remove_stream<T>(&self, raw: NonNull<c_void>, destroy: impl FnOnce() -> T) -> T {
+        let mut streams = self.streams();
+        streams.retain(|&s| s != StreamHandle(raw));
+        destroy()
+    }
+
+    /// Waits until the copies queued on this GPU have finished, so that
     /// memory a queued copy may still touch can be freed: a
-    /// `cuCtxSynchronize`, and only while operations are in flight (it
-    /// also waits for the application's own work in the context). Errors
+    /// `cuStreamSynchronize` of each of md-cuda's streams (not of the
+    /// application's), and only while operations are in flight. Errors
     /// are logged: this runs in `Drop`.
     pub fn quiesce(&self) {
         if self.ops_in_flight() == 0 || self.ctx.get().is_none() {
             return;
         }
-        let synced = self.enter().and_then(|_in| self.drv.ctx_synchronize());
+        let streams = self.streams();
+        if streams.is_empty() {
+            return;
+        }
+        let synced = self.enter().and_then(|_in| {
+            streams.iter().try_for_each(|s| {
+                // SAFETY: listed streams are live: one is destroyed only
+                // after it is taken off the list, under this lock.
+                unsafe { self.drv.stream_synchronize(s.0.as_ptr()) }
+            })
+        });
         if let Err(e) = synced {
             log::error!(
                 "{}: waiting for queued copies before a free: {e}",

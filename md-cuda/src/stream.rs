@@ -34,6 +34,7 @@ impl Stream {
     pub fn new(dev: &Arc<Device>) -> Result<Stream> {
         let _in = dev.enter()?;
         let raw = non_null(dev.driver().stream_create()?, "cuStreamCreate")?;
+        dev.add_stream(raw);
         Ok(Stream {
             dev: dev.clone(),
             raw,
@@ -78,9 +79,12 @@ impl Drop for Stream {
         // Work still queued finishes first: destroying a stream does not
         // wait for it, and its copies may reach memory about to be freed.
         let done = self.synchronize();
-        let destroyed = self.dev.enter().and_then(|_in| {
-            // SAFETY: the stream is live and destroyed once, here.
-            unsafe { self.dev.driver().stream_destroy(self.raw.as_ptr()) }
+        let destroyed = self.dev.remove_stream(self.raw, || {
+            self.dev.enter().and_then(|_in| {
+                // SAFETY: the stream is live and destroyed once, here,
+                // after it left the device's list.
+                unsafe { self.dev.driver().stream_destroy(self.raw.as_ptr()) }
+            })
         });
         if let Err(e) = done.and(destroyed) {
             log::warn!("{}: destroying a stream: {e}", self.dev.name);
