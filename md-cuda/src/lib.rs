@@ -88,9 +88,12 @@ pub fn open_devices(path: &Path, dmabuf_pcie: bool) -> Result<Vec<Arc<CudaMd>>, 
         version / 1000,
         version % 1000 / 10
     );
-    let devices = (0..count)
-        .map(|i| Device::open(drv.clone(), i).map(Arc::new))
-        .collect::<Result<Vec<_>, _>>()?;
+    let (devices, failed) = usable((0..count).map(|i| (i, Device::open(drv.clone(), i))));
+    if devices.is_empty() {
+        // Every GPU failed: the first one's reason says why.
+        return Err(failed.into_iter().next().unwrap_or(CudaError::NoDevices));
+    }
+    let devices: Vec<Arc<Device>> = devices.into_iter().map(Arc::new).collect();
     let shared = Arc::new(Shared {
         devices: devices.clone(),
         table: RegionTable::new(),
@@ -102,9 +105,47 @@ pub fn open_devices(path: &Path, dmabuf_pcie: bool) -> Result<Vec<Arc<CudaMd>>, 
         .collect())
 }
 
+/// The GPUs that opened; each that did not is logged with its reason and
+/// skipped, so that one failing GPU does not hide the others (its memory
+/// is then refused by name: [`CudaError::UnopenedDevice`]).
+fn usable<D>(
+    opened: impl IntoIterator<Item = (i32, Result<D, CudaError>)>,
+) -> (Vec<D>, Vec<CudaError>) {
+    let (mut ok, mut failed) = (Vec::new(), Vec::new());
+    for (ordinal, r) in opened {
+        match r {
+            Ok(d) => ok.push(d),
+            Err(e) => {
+                log::warn!("cuda: GPU {ordinal} (cuda{ordinal}) skipped: {e}");
+                failed.push(e);
+            }
+        }
+    }
+    (ok, failed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpu_that_fails_to_open_is_skipped_and_the_others_stay() {
+        let broken = || CudaError::Driver {
+            call: "cuDeviceGetName(device 1)".into(),
+            code: result::DEVICE_UNAVAILABLE,
+            name: None,
+        };
+        let (ok, failed) = usable([(0, Ok("cuda0")), (1, Err(broken())), (2, Ok("cuda2"))]);
+        assert_eq!(ok, ["cuda0", "cuda2"]);
+        assert_eq!(failed.len(), 1);
+        let (ok, failed) = usable::<&str>([(0, Err(broken()))]);
+        assert!(ok.is_empty());
+        assert!(
+            failed[0].to_string().contains("cuDeviceGetName"),
+            "{:?}",
+            failed[0]
+        );
+    }
 
     #[test]
     fn a_missing_driver_is_named_with_the_loaders_reason() {

@@ -11,13 +11,20 @@ use uct_core::MemoryType;
 
 use crate::error::ENOTSUPP;
 
-/// The kernel module that lets `ibv_reg_mr` register a device pointer of
-/// `mem_type`, where there is one.
-pub fn module_for(mem_type: MemoryType) -> Option<&'static str> {
+/// The kernel modules that let `ibv_reg_mr` register a device pointer of
+/// `mem_type`, the one to load first: for CUDA, `nvidia_peermem` (in the
+/// NVIDIA driver since 465) and `nv_peer_mem` (Mellanox's older,
+/// separate module, still on hosts with older stacks).
+pub fn modules_for(mem_type: MemoryType) -> &'static [&'static str] {
     match mem_type {
-        MemoryType::Cuda => Some("nvidia_peermem"),
-        _ => None,
+        MemoryType::Cuda => &["nvidia_peermem", "nv_peer_mem"],
+        _ => &[],
     }
+}
+
+/// The kernel module to load for `mem_type`, where there is one.
+pub fn module_for(mem_type: MemoryType) -> Option<&'static str> {
+    modules_for(mem_type).first().copied()
 }
 
 /// Whether kernel module `name` is loaded, as `/sys/module/<name>` under
@@ -26,9 +33,17 @@ pub fn module_loaded(sys: &Path, name: &str) -> bool {
     sys.join("module").join(name).is_dir()
 }
 
-/// The peer-memory module for `mem_type`, when it is loaded here.
+/// The peer-memory module for `mem_type` that is loaded here, if any.
 pub fn loaded_for(mem_type: MemoryType) -> Option<&'static str> {
-    module_for(mem_type).filter(|m| module_loaded(Path::new("/sys"), m))
+    loaded_under(Path::new("/sys"), mem_type)
+}
+
+/// As [`loaded_for`], with `/sys` at `sys`.
+pub fn loaded_under(sys: &Path, mem_type: MemoryType) -> Option<&'static str> {
+    modules_for(mem_type)
+        .iter()
+        .copied()
+        .find(|m| module_loaded(sys, m))
 }
 
 /// Errnos of `ibv_reg_dmabuf_mr` (or of the export before it) after which
@@ -70,7 +85,7 @@ pub fn describe(dmabuf: bool, peer: &[&str]) -> String {
         "no DMA-buf import"
     };
     if peer.is_empty() {
-        format!("device memory: {dmabuf}; peer memory: none loaded (nvidia_peermem)")
+        format!("device memory: {dmabuf}; peer memory: none loaded (nvidia_peermem or nv_peer_mem)")
     } else {
         format!(
             "device memory: {dmabuf}; peer memory: {} loaded (ibv_reg_mr of device pointers)",
@@ -88,6 +103,22 @@ mod tests {
         assert_eq!(module_for(MemoryType::Cuda), Some("nvidia_peermem"));
         assert_eq!(module_for(MemoryType::Gaudi), None);
         assert_eq!(module_for(MemoryType::Host), None);
+    }
+
+    #[test]
+    fn either_nvidia_peermem_or_the_older_nv_peer_mem_serves_cuda_memory() {
+        let root = std::env::temp_dir().join(format!("md-ib-nvpeer-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("module")).unwrap();
+        assert_eq!(loaded_under(&root, MemoryType::Cuda), None);
+        std::fs::create_dir_all(root.join("module/nv_peer_mem")).unwrap();
+        assert_eq!(loaded_under(&root, MemoryType::Cuda), Some("nv_peer_mem"));
+        std::fs::create_dir_all(root.join("module/nvidia_peermem")).unwrap();
+        assert_eq!(
+            loaded_under(&root, MemoryType::Cuda),
+            Some("nvidia_peermem")
+        );
+        assert_eq!(loaded_under(&root, MemoryType::Gaudi), None);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
@@ -120,6 +151,9 @@ mod tests {
         );
         let none = describe(false, &[]);
         assert!(none.contains("no DMA-buf import"), "{none}");
-        assert!(none.contains("none loaded (nvidia_peermem)"), "{none}");
+        assert!(
+            none.contains("none loaded (nvidia_peermem or nv_peer_mem)"),
+            "{none}"
+        );
     }
 }
