@@ -197,9 +197,8 @@ unsafe impl Sync for Mr {}
 impl Mr {
     /// Wraps a region returned by a registration call on `pd`; a null
     /// pointer is the error the call (described by `call`, formatted only
-    /// then) failed with: `errno`, which the caller read with
-    /// [`errno`](crate::error::errno) right after the call, before
-    /// anything could change it.
+    /// then) failed with: `errno`, which the caller read with [`errno`]
+    /// right after the call, before anything could change it.
     ///
     /// # Safety
     /// `p` is null or an MR registered on `pd` and owned by nobody else:
