@@ -46,7 +46,11 @@ impl Cq {
                 ptr,
                 ctx: ctx.clone(),
             })),
-            None => Err(VerbsError::last(format!("ibv_create_cq({entries})")).on(ctx.name())),
+            None => {
+                // Read before the format! below allocates.
+                let errno = md_ib::error::errno();
+                Err(VerbsError::new(format!("ibv_create_cq({entries})"), errno).on(ctx.name()))
+            }
         }
     }
 
