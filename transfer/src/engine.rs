@@ -17,7 +17,8 @@
 //!   split in pieces), only once a flush says it landed, so that a write
 //!   the peer refused (a stale or forged key, a read-only buffer) is never
 //!   notified. Those notifications wait in order in [`Engine::notices`]
-//!   while later writes go on.
+//!   while later writes go on; a later notified write by immediate waits
+//!   for them, so that notifications arrive in the order of the writes.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -277,6 +278,8 @@ impl Engine {
     /// and fewer than `depth` are in flight, then the notifications whose
     /// writes have landed.
     pub(crate) fn pump(&mut self) {
+        // Notices sent first let an immediate waiting behind them go now.
+        self.send_notices();
         while !self.queue.is_empty() {
             let queued = self.queue.len();
             let op = self.queue.front_mut().expect("not empty");
@@ -407,6 +410,12 @@ fn advance_part(
     // every transport that has it (tcp's too: the target answers it), so
     // it needs no flush of its own.
     let by_imm = p.tag.is_some() && how.notify == NotifyPath::Immediate && p.len <= max;
+    // Notifications go in the order of the writes: an immediate waits
+    // while an earlier write split in pieces still waits for its flush
+    // before its message goes.
+    if by_imm && op.stage == Stage::Data && op.done == 0 && !notices.is_empty() {
+        return Ok(false);
+    }
     if op.stage == Stage::Data {
         while op.done < p.len || (by_imm && p.len == 0 && op.done == 0) {
             let piece = (p.len - op.done).min(max);
