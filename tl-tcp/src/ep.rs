@@ -1,9 +1,13 @@
 //! The tcp endpoint: requests go out on the link to its peer iface; replies
 //! come back on it and are matched to pending operations by the iface's
-//! `progress`. A put's completion says its frame was sent; a put with
+//! `progress`. A put's completion says its frame was sent. A put with
 //! immediate data is a request answered by the target, so its completion
-//! says the data landed and the immediate was delivered, or carries the
-//! target's refusal.
+//! says the data landed and the target took the immediate (its handler
+//! runs in the progress call that answered), or carries the target's
+//! refusal. The target executes it only once it has connected back to
+//! this iface (it takes immediates only from ifaces it connected to): until
+//! then it waits, and the endpoint fails after the peer timeout if the
+//! target never connects back.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -260,8 +260,8 @@ impl TcpIface {
     /// Whether another accepted link fits under UCT_TCP_MAX_ACCEPTED: there
     /// is room, or a link was closed to make room: the oldest that has not
     /// said Hello, else, of the links that said Hello and never sent a
-    /// request, the one idle longest if it has been idle (taken in no
-    /// frame) for the peer timeout. A link that carried a request is never
+    /// request or wait for this iface to connect back, the one idle longest
+    /// if it has been idle (taken in no frame) for the peer timeout. A link that carried a request is never
     /// pushed out by a new one, however long it has been idle: anyone with
     /// our address (the cookie is in it) can open links and say Hello, so
     /// a fresh link proves less than an old one a peer used; at the cap
@@ -277,10 +277,13 @@ impl TcpIface {
                 continue;
             }
             count += 1;
-            let (since, oldest) = match state.awaiting_hello_since() {
-                Some(since) => (since, &mut unhello),
-                None if state.carried_request() => continue,
-                None => (state.idle_since(), &mut idle),
+            // A link whose put with immediate data waits for this iface
+            // to connect back does nothing meanwhile: idle since then.
+            let (since, oldest) = match (state.awaiting_hello_since(), state.waiting_back_since()) {
+                (Some(since), _) => (since, &mut unhello),
+                (None, Some(since)) => (since, &mut idle),
+                (None, None) if state.carried_request() => continue,
+                (None, None) => (state.idle_since(), &mut idle),
             };
             if oldest.is_none_or(|(t, _)| since < t) {
                 *oldest = Some((since, link));
@@ -299,7 +302,7 @@ impl TcpIface {
             (None, Some((since, link))) if since.elapsed() >= peer_timeout => (
                 link,
                 format!(
-                    "closed after {:?} idle without a request to make room for a new connection (UCT_TCP_MAX_ACCEPTED={max}, idle for UCT_TCP_PEER_TIMEOUT={peer_timeout:?})",
+                    "closed after {:?} idle without a request, or waiting for this iface to connect back, to make room for a new connection (UCT_TCP_MAX_ACCEPTED={max}, idle for UCT_TCP_PEER_TIMEOUT={peer_timeout:?})",
                     since.elapsed()
                 ),
             ),
@@ -424,8 +427,8 @@ impl Iface for TcpIface {
         let mut events = 0;
         for (i, link) in links.iter().enumerate() {
             let mut state = link.lock().unwrap_or_else(|p| p.into_inner());
-            state.release_held(&self.connected, &mut self.arrivals);
-            if (ready > 0 && self.pfds[1 + i].revents != 0) || self.reading[i] {
+            let connected_back = state.connected_back(&self.connected);
+            if (ready > 0 && self.pfds[1 + i].revents != 0) || self.reading[i] || connected_back {
                 events += state.progress(&self.table, &mut self.arrivals, &self.connected);
             } else {
                 state.idle(wrote);

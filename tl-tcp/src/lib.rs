@@ -29,6 +29,7 @@ mod component;
 mod conn;
 pub mod devices;
 mod dial;
+mod direct;
 mod ep;
 mod execute;
 mod hello;

@@ -21,22 +21,41 @@
 //! header on, so the receive buffer holds a chunk or one checked frame
 //! (`conn.rs`); the requests of this side are capped and a Nack is taken
 //! only for one of them, by the endpoint that sent it (`pending.rs`).
+//!
+//! A put with immediate data is executed, and its immediate delivered, only
+//! from a peer this iface has connected to itself, as on rc, whose
+//! immediates come only over a connection both sides made: the peer's
+//! Hello claims an iface (address and cookie), and this iface must have
+//! dialled that very iface, whose cookie it has from the address the
+//! application gave it. A process that knows only our address (an
+//! application's URL without the peer's) does not know the cookie of the
+//! peer it would claim to be, so its immediates never reach the handler,
+//! even with a key to our memory. Until this iface connects to the peer
+//! (it may write before we connect back), the link stops at that frame:
+//! nothing from it or after it is executed or answered, and its socket is
+//! not read, so the writer's completion says the immediate was delivered,
+//! and what waits costs the receive buffer of a link. A link that waits so
+//! for the longer of the bootstrap and peer timeouts is closed (the
+//! writer's request times out after its peer timeout); at the cap on
+//! accepted links it is idle. A put the checks refuse (a forged or stale key) is
+//! answered with its refusal at once: it delivers nothing.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uct_core::region_table::RegionTable;
-use uct_core::{Access, UctError};
+use uct_core::UctError;
 
 use crate::address::PeerAddr;
-use crate::arrivals::{Arrivals, Hold};
+use crate::arrivals::Arrivals;
 use crate::conn::{Conn, Payload};
-use crate::execute::{execute, put_outcome, table_key};
+use crate::direct::{accepts, put_target, Direct, DIRECT_MIN};
+use crate::execute::{execute, put_outcome};
 use crate::hello::{check_hello, frame_name, Role};
 use crate::iface::{MAX_AM_ZCOPY, MAX_BCOPY, MAX_SHORT};
 use crate::pending::{PendingOp, Requests};
-use crate::wire::{Header, Parsed, WireKey};
+use crate::wire::{Header, Parsed};
 
 type Result<T, E = UctError> = std::result::Result<T, E>;
 
@@ -82,22 +101,14 @@ pub(crate) struct Timeouts {
     pub(crate) hello: Duration,
 }
 
-/// Puts of at least this much data are read straight into their target.
-const DIRECT_MIN: usize = 16 * 1024;
-
-/// The rest of a large put, read from the socket into the target region.
-struct Direct {
-    req: u64,
-    key: WireKey,
-    addr: u64,
-    /// The immediate of a PutImm, delivered once all of the data is in.
-    imm: Option<u32>,
-    /// The put's whole length, for its immediate.
-    len: usize,
-    remaining: usize,
-    /// Set when the access was refused: the data is read and dropped, and
-    /// the refusal is reported when it ends.
-    error: Option<UctError>,
+impl Timeouts {
+    /// How long a peer's put with immediate data waits for this iface to
+    /// connect back before its link is closed: the application may take
+    /// its bootstrap to connect, and the writer's own request fails after
+    /// its peer timeout first (naming the cause) where both use the same.
+    pub(crate) fn waiting_back(&self) -> Duration {
+        self.hello.max(self.peer)
+    }
 }
 
 /// One connection, both roles.
@@ -126,8 +137,9 @@ pub(crate) struct Link {
     /// The peer has sent a request on this link: it is in use, and never
     /// closed to make room for a new connection.
     carried_request: bool,
-    /// Arrivals held until this iface connects to the peer (`arrivals.rs`).
-    hold: Hold,
+    /// Since when the peer's next request, a put with immediate data,
+    /// waits for this iface to connect to the peer (module documentation).
+    waiting_back: Option<Instant>,
 }
 
 impl Link {
@@ -147,7 +159,7 @@ impl Link {
             paused: false,
             last_frame: now,
             carried_request: false,
-            hold: Hold::default(),
+            waiting_back: None,
         }
     }
 
@@ -208,6 +220,12 @@ impl Link {
         self.carried_request
     }
 
+    /// Since when the link waits for this iface to connect to its peer
+    /// before it executes the peer's put with immediate data.
+    pub(crate) fn waiting_back_since(&self) -> Option<Instant> {
+        self.waiting_back
+    }
+
     /// When the link was accepted, while it has not said Hello.
     pub(crate) fn awaiting_hello_since(&self) -> Option<Instant> {
         match self.role {
@@ -218,13 +236,17 @@ impl Link {
 
     /// Fails the link when a request has waited longer than the peer
     /// timeout, the peer has taken nothing of what we queued for as long,
-    /// or an accepted link has not said Hello within the bootstrap timeout.
-    /// Looked at a few times a second, not on every call.
+    /// an accepted link has not said Hello within the bootstrap timeout, or
+    /// its peer's put with immediate data has waited for this iface to
+    /// connect back for the longer of the two. Looked at a few times a
+    /// second, not on every call.
     fn check_timeout(&mut self) -> Result<()> {
         let awaiting = self.awaiting_hello_since();
-        if (self.requests.is_empty() && awaiting.is_none() && !self.conn.wants_write())
-            || self.last_check.elapsed() < CHECK_EVERY
-        {
+        let quiet = self.requests.is_empty()
+            && awaiting.is_none()
+            && self.waiting_back.is_none()
+            && !self.conn.wants_write();
+        if quiet || self.last_check.elapsed() < CHECK_EVERY {
             return Ok(());
         }
         self.last_check = Instant::now();
@@ -234,6 +256,15 @@ impl Link {
                     "tcp: {} connected and said no Hello within {:?} (UCT_BOOTSTRAP_TIMEOUT); closed",
                     self.conn.peer(),
                     self.timeouts.hello
+                )));
+            }
+        }
+        if let Some(since) = self.waiting_back {
+            let limit = self.timeouts.waiting_back();
+            if since.elapsed() > limit {
+                return Err(UctError::Timeout(format!(
+                    "tcp: {} sent a put with immediate data, and this iface has not connected back to it within {limit:?} (the longer of UCT_BOOTSTRAP_TIMEOUT and UCT_TCP_PEER_TIMEOUT): the receiver has not connected back to this writer, and takes immediates only from ifaces it connected to; closed",
+                    self.peer()
                 )));
             }
         }
@@ -247,10 +278,15 @@ impl Link {
                 )));
             }
         }
-        if let Some(oldest) = self.requests.oldest() {
+        if let Some((oldest, put_imm)) = self.requests.oldest() {
             if oldest.elapsed() > self.timeouts.peer {
+                let why = if put_imm {
+                    "a put with immediate data: the receiver has not connected back to this writer (it executes immediates only from ifaces it connected to), or it is dead or stuck"
+                } else {
+                    "it is dead or stuck"
+                };
                 return Err(UctError::EndpointFailed(format!(
-                    "tcp peer {} left a request unanswered for {:?} (UCT_TCP_PEER_TIMEOUT); it is dead or stuck",
+                    "tcp peer {} left a request unanswered for {:?} (UCT_TCP_PEER_TIMEOUT); {why}",
                     self.peer(),
                     self.timeouts.peer
                 )));
@@ -305,9 +341,14 @@ impl Link {
         } else {
             0
         };
-        // Paused, the link reads nothing more until its replies are out
-        // (hang-ups and errors are reported whatever the events).
-        let inp = if self.paused { 0 } else { libc::POLLIN };
+        // Paused, the link reads nothing more until its replies are out, or
+        // until this iface connects to its peer (hang-ups and errors are
+        // reported whatever the events).
+        let inp = if self.paused || self.waiting_back.is_some() {
+            0
+        } else {
+            libc::POLLIN
+        };
         Some(libc::pollfd {
             fd: self.conn.fd(),
             events: inp | out,
@@ -329,21 +370,30 @@ impl Link {
         }
     }
 
-    /// Hands the arrivals held for the peer to `arrivals` once this iface
-    /// has connected to it (`connected`: the ifaces it dialled).
-    pub(crate) fn release_held(&mut self, connected: &[PeerAddr], arrivals: &mut Arrivals) {
-        if self.hold.release(self.role.peer(), connected, arrivals) {
-            // Requests it stopped executing while full go on.
-            self.backlog = true;
+    /// Whether the link waited for this iface to connect to its peer and
+    /// now may go on, this iface having connected to it (one of
+    /// `connected`, the ifaces it dialled): progress it now.
+    pub(crate) fn connected_back(&mut self, connected: &[PeerAddr]) -> bool {
+        if self.waiting_back.is_none() || !self.may_deliver_imm(connected) {
+            return false;
         }
+        self.waiting_back = None;
+        self.backlog = true;
+        true
+    }
+
+    /// Whether this iface has connected to the link's peer (one of
+    /// `connected`): only then are its immediates executed.
+    fn may_deliver_imm(&self, connected: &[PeerAddr]) -> bool {
+        self.role.peer().is_some_and(|p| connected.contains(&p))
     }
 
     /// Writes, reads, executes requests and matches replies, within the
     /// budget of one call; active messages and immediates go to
-    /// `arrivals`, or are held while the peer, not among the ifaces this
-    /// one connected to (`connected`), may not deliver immediates. A link
-    /// that fails is marked failed and closed; a peer that sends nonsense
-    /// is cut off.
+    /// `arrivals`. A put with immediate data from a peer not among the
+    /// ifaces this one connected to (`connected`) waits (module
+    /// documentation). A link that fails is marked failed and closed; a
+    /// peer that sends nonsense is cut off.
     pub(crate) fn progress(
         &mut self,
         table: &Arc<RegionTable>,
@@ -394,19 +444,19 @@ impl Link {
         self.paused = false;
         'turn: loop {
             if self.direct.is_some() {
-                match self.direct_step(table, &mut bytes)? {
+                let step = match self.direct.as_mut() {
+                    Some(put) => put.step(&mut self.conn, table, &mut bytes)?,
+                    None => Some(None),
+                };
+                match step {
                     None => break,
                     Some(refused) => {
                         frames += 1;
                         if let Some(put) = self.direct.take() {
                             let done = refused.map_or(Ok(()), Err);
-                            if let Some(reply) = put_outcome(
-                                self.hold.target(arrivals),
-                                put.req,
-                                put.imm,
-                                put.len,
-                                done,
-                            ) {
+                            if let Some(reply) =
+                                put_outcome(arrivals, put.req, put.imm, put.len, done)
+                            {
                                 self.conn.queue_reply(&reply, Payload::None)?;
                             }
                         }
@@ -457,17 +507,26 @@ impl Link {
                 if !is_reply(header) {
                     self.carried_request = true;
                 }
-                if !is_reply(header) && (self.replies_wait() || self.hold.is_full()) {
-                    // The peer has not taken its answers yet, or holds all
-                    // it may: its requests wait (and, once the receive
-                    // buffer is full, its socket).
+                if !is_reply(header) && self.replies_wait() {
+                    // The peer has not taken its answers yet: its requests
+                    // wait (and, once the receive buffer is full, its
+                    // socket).
                     self.paused = true;
                     break 'turn;
                 }
-                if matches!(header, Header::PutImm { .. })
-                    && !self.role.peer().is_some_and(|p| connected.contains(&p))
-                {
-                    self.hold.start(&self.peer());
+                if let Header::PutImm { key, addr, .. } = *header {
+                    if !self.may_deliver_imm(connected) && accepts(table, key, addr, data_len) {
+                        // Not connected back yet: it waits, unread, and so
+                        // does all after it (module documentation).
+                        if self.waiting_back.is_none() {
+                            log::debug!(
+                                "tcp: a put with immediate data from {} waits until this iface connects to it: immediates are delivered only from ifaces it connected to",
+                                self.peer()
+                            );
+                            self.waiting_back = Some(Instant::now());
+                        }
+                        break 'turn;
+                    }
                 }
                 match parsed {
                     Parsed::Frame {
@@ -484,7 +543,7 @@ impl Link {
                             self.requests.on_reply(header, data)?;
                         } else {
                             let data = self.conn.data(data_at, data_len);
-                            let reply = execute(table, self.hold.target(arrivals), header, data)?;
+                            let reply = execute(table, arrivals, header, data)?;
                             self.conn.consume(total);
                             if let Some((header, payload)) = reply {
                                 self.conn.queue_reply(&header, payload)?;
@@ -507,7 +566,7 @@ impl Link {
                                 remaining: data_len,
                                 error: None,
                             };
-                            self.start_direct(table, put, data_at, have);
+                            self.direct = Some(put.start(&mut self.conn, table, data_at, have));
                             bytes += data_at + have;
                             break;
                         }
@@ -572,87 +631,6 @@ impl Link {
             _ => usize::MAX,
         }
     }
-
-    /// Starts a large put: what is here goes in now, the rest straight from
-    /// the socket. The whole range is checked first, so that a refusal
-    /// names the put, not a piece of it.
-    fn start_direct(&mut self, table: &Arc<RegionTable>, put: Direct, data_at: usize, have: usize) {
-        let first = self.conn.data(data_at, have);
-        let checked = table.access(
-            &table_key(put.key),
-            put.addr,
-            put.len as u64,
-            Access::REMOTE_WRITE,
-            |dst| {
-                // SAFETY: `access` checked [dst, dst + put.len) for remote
-                // write and keeps it registered while this closure runs;
-                // have <= put.len (parse returns HeaderOnly only for a
-                // frame not yet complete); `first` is the receive buffer,
-                // which no region overlaps.
-                unsafe { std::ptr::copy_nonoverlapping(first.as_ptr(), dst, have) }
-            },
-        );
-        self.conn.consume(data_at + have);
-        self.direct = Some(Direct {
-            // A peer-chosen address: wrap, never overflow (a range that
-            // wraps was refused by `access` above).
-            addr: put.addr.wrapping_add(have as u64),
-            remaining: put.len - have,
-            error: checked.err(),
-            ..put
-        });
-    }
-
-    /// Reads the rest of a large put into its target, adding the bytes
-    /// read to `bytes`. None: the socket has nothing more now;
-    /// Some(refusal): the put is complete.
-    fn direct_step(
-        &mut self,
-        table: &Arc<RegionTable>,
-        bytes: &mut usize,
-    ) -> Result<Option<Option<UctError>>> {
-        let Some(put) = self.direct.as_mut() else {
-            return Ok(Some(None));
-        };
-        let conn = &mut self.conn;
-        let mut scratch = Vec::new();
-        while put.remaining > 0 {
-            let received = if put.error.is_none() {
-                let want = put.remaining;
-                match table.access(
-                    &table_key(put.key),
-                    put.addr,
-                    want as u64,
-                    Access::REMOTE_WRITE,
-                    |dst| {
-                        // SAFETY: `access` checked that [dst, dst + want) lies
-                        // in a registered region granting remote write, and
-                        // holds the table's read lock around the receive, so
-                        // the region cannot be deregistered while the bytes
-                        // land.
-                        unsafe { conn.recv_into(dst, want) }
-                    },
-                ) {
-                    Ok(received) => received?,
-                    Err(e) => {
-                        put.error = Some(e);
-                        continue;
-                    }
-                }
-            } else {
-                // Refused: read the rest and drop it.
-                scratch.resize(put.remaining.min(64 * 1024), 0);
-                conn.recv(&mut scratch)?
-            };
-            if received == 0 {
-                return Ok(None);
-            }
-            put.addr = put.addr.wrapping_add(received as u64);
-            put.remaining -= received;
-            *bytes += received;
-        }
-        Ok(Some(put.error.take()))
-    }
 }
 
 impl Drop for Link {
@@ -673,19 +651,4 @@ fn is_reply(header: &Header) -> bool {
             | Header::Nack { .. }
             | Header::PutImmReply { .. }
     )
-}
-
-/// A put's request id, key, address and immediate (PutImm), for a frame
-/// that writes.
-fn put_target(header: &Header) -> Option<(u64, WireKey, u64, Option<u32>)> {
-    match *header {
-        Header::Put { req, key, addr } => Some((req, key, addr, None)),
-        Header::PutImm {
-            req,
-            key,
-            addr,
-            imm,
-        } => Some((req, key, addr, Some(imm))),
-        _ => None,
-    }
 }

@@ -11,7 +11,7 @@
 //! one, the endpoint's next flush takes a refusal, as for a plain put.
 //! Gets in flight are capped, in number and in bytes.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use uct_core::{Completion, CompletionData, MemHandle, UctError};
@@ -100,6 +100,8 @@ pub(crate) struct Requests {
     /// Refusals of requests without a reply of their own (put, add), by
     /// endpoint; returned by that endpoint's next flush.
     nacks: HashMap<u32, UctError>,
+    /// The endpoints not yet gone: only theirs are refusals kept for.
+    live: HashSet<u32>,
     /// Which endpoint sent each request not yet known executed: runs of
     /// consecutive sequence numbers as (first, endpoint), oldest first, so
     /// that a Nack is taken only for the endpoint whose request it names.
@@ -120,6 +122,7 @@ impl Default for Requests {
             next_ep: 1,
             eps_wrapped: false,
             nacks: HashMap::new(),
+            live: HashSet::new(),
             owners: VecDeque::new(),
             sync: None,
         }
@@ -130,6 +133,7 @@ impl Requests {
     /// A new endpoint id.
     pub(crate) fn new_ep_id(&mut self) -> u32 {
         let id = self.next_ep;
+        self.live.insert(id);
         if id == EP_MAX {
             self.eps_wrapped = true;
             self.next_ep = 1;
@@ -142,6 +146,14 @@ impl Requests {
     /// Forgets what endpoint `ep` had to be told (it is gone).
     pub(crate) fn forget_ep(&mut self, ep: u32) {
         self.nacks.remove(&ep);
+        self.live.remove(&ep);
+    }
+
+    /// Keeps a refusal for endpoint `ep`'s next flush, unless it is gone.
+    fn keep_nack(&mut self, ep: u32, e: UctError) {
+        if self.live.contains(&ep) {
+            self.nacks.entry(ep).or_insert(e);
+        }
     }
 
     /// The id of the next request of endpoint `ep`; the caller sends it
@@ -208,9 +220,14 @@ impl Requests {
         self.pending.is_empty()
     }
 
-    /// When the oldest request waiting for a reply was sent.
-    pub(crate) fn oldest(&self) -> Option<Instant> {
-        self.pending.values().map(|p| p.since).min()
+    /// When the oldest request waiting for a reply was sent, and whether it
+    /// is a put with immediate data (which waits for the receiver to
+    /// connect back).
+    pub(crate) fn oldest(&self) -> Option<(Instant, bool)> {
+        self.pending
+            .values()
+            .min_by_key(|p| p.since)
+            .map(|p| (p.since, matches!(p.op, PendingOp::PutImm { .. })))
     }
 
     /// Fails every request waiting for a reply.
@@ -323,7 +340,7 @@ impl Requests {
                     (Some(e), None) => {
                         // Nobody waits for this put: its refusal goes to the
                         // endpoint's next flush, as a plain put's does.
-                        self.nacks.entry(ep).or_insert(e.into());
+                        self.keep_nack(ep, e.into());
                     }
                 },
                 other => {
@@ -339,7 +356,7 @@ impl Requests {
                 }
                 let e: UctError = error.into();
                 log::debug!("tcp: the peer refused request {req}: {e}");
-                self.nacks.entry(req_ep(req)).or_insert(e);
+                self.keep_nack(req_ep(req), e);
             }
             other => {
                 return Err(UctError::Protocol(format!(

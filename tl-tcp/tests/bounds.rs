@@ -96,12 +96,11 @@ fn get_flood_is_bounded() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A peer floods puts with immediate data (each answered; two million,
-/// zero-length, so that the answers outgrow what the kernel buffers) and
-/// never reads the answers: the victim must stop executing them once the
-/// answers pile up, or the immediates it holds (the flooder is no iface it
-/// connected to) reach their bound (the flood stalls), stay bounded in
-/// memory, and still serve a well-behaved peer.
+/// A peer floods puts with immediate data (two million, zero-length, so
+/// that answers would outgrow what the kernel buffers) and never reads the
+/// answers: the victim executes none of them (the flooder is no iface it
+/// connected to: its link stops at the first), so the flood stalls; the
+/// victim stays bounded in memory and still serves a well-behaved peer.
 fn put_imm_flood_is_bounded() -> Result<(), Failed> {
     let victim = Victim::spawn(&[]);
     let key = common::wire_key(&victim.rkey);
@@ -146,6 +145,84 @@ fn put_imm_flood_is_bounded() -> Result<(), Failed> {
         .map_err(|e| format!("a well-behaved peer during the flood: {e}"))?;
     drop(s);
     Ok(())
+}
+
+/// Strangers that know only the victim's address (a Hello with their own,
+/// never-dialled identity) each send one put with immediate data and then
+/// ~1.1 MiB of active messages, on 32 links: with a key the victim
+/// refuses, the put is answered with its refusal and the messages are
+/// delivered; with a good key, the link stops at the put (nothing of it or
+/// after it is executed) and is closed after the longer of the peer and
+/// bootstrap timeouts. The victim
+/// holds nothing for either beyond a link's receive buffer (README: about
+/// 400 KiB per connection at worst).
+fn strangers_puts_with_immediates_cost_a_link_and_time_out() -> Result<(), Failed> {
+    let victim = Victim::spawn(&[
+        ("UCT_TCP_PEER_TIMEOUT", "1s"),
+        ("UCT_BOOTSTRAP_TIMEOUT", "1s"),
+    ]);
+    let (rss0, _) = common::rss_kib(victim.pid());
+    let good = common::wire_key(&victim.rkey);
+    let forged = WireKey {
+        region_id: good.region_id ^ (1 << 45),
+        secret: 1,
+    };
+    let am = vec![0xabu8; 64 * 1024];
+    let mut refused = Vec::new();
+    let mut waiting = Vec::new();
+    for i in 0..32u64 {
+        let key = if i % 2 == 0 { forged } else { good };
+        let mut s = connect(victim.peer().socket_addr());
+        let mut bytes = honest_hello(victim.peer());
+        let put = Header::PutImm {
+            req: i,
+            key,
+            addr: victim.addr,
+            imm: 1,
+        };
+        bytes.extend(frame(&put, &[]));
+        for _ in 0..17 {
+            bytes.extend(frame(&Header::Am { id: 1 }, &am));
+        }
+        // A waiting link takes what the kernel buffers, no more.
+        let took = write_all(&mut s, &bytes, Duration::from_secs(2), || {
+            std::thread::sleep(Duration::from_millis(1))
+        });
+        if key == forged {
+            ensure(took, || {
+                format!("link {i}: the victim did not take 1.1 MiB after a refused put")
+            })?;
+            refused.push(s);
+        } else {
+            waiting.push(s);
+        }
+    }
+    // Well past UCT_TCP_PEER_TIMEOUT=1s and UCT_BOOTSTRAP_TIMEOUT=1s.
+    std::thread::sleep(Duration::from_secs(3));
+    let (rss, _) = common::rss_kib(victim.pid());
+    let grew = rss.saturating_sub(rss0) / 1024;
+    let waiting_open = waiting.len() - count_closed(&mut waiting, Duration::from_millis(10));
+    let refused_open = refused.len() - count_closed(&mut refused, Duration::from_millis(10));
+    println!(
+        "strangers' puts with immediates: victim RSS grew {grew} MiB for 32 links; AMs delivered {}; still open after 3 s: {waiting_open} waiting, {refused_open} refused",
+        victim.ams()
+    );
+    ensure(grew < 32 * 400 / 1024 + 8, || {
+        format!(
+            "the victim holds {grew} MiB for 32 stranger links ({} KiB per link; README: about 400 KiB per connection at worst)",
+            grew * 1024 / 32
+        )
+    })?;
+    ensure(victim.ams() == 16 * 17, || {
+        format!(
+            "{} active messages delivered, {} expected: those after a refused put only",
+            victim.ams(),
+            16 * 17
+        )
+    })?;
+    ensure(waiting_open == 0, || {
+        format!("{waiting_open} links waiting for the victim to connect back still open after 3 s with UCT_TCP_PEER_TIMEOUT=1s and UCT_BOOTSTRAP_TIMEOUT=1s")
+    })
 }
 
 /// Links of the many-links flood.
@@ -574,6 +651,10 @@ fn main() {
     let trials = vec![
         Trial::test("get_flood_is_bounded", get_flood_is_bounded),
         Trial::test("put_imm_flood_is_bounded", put_imm_flood_is_bounded),
+        Trial::test(
+            "strangers_puts_with_immediates_cost_a_link_and_time_out",
+            strangers_puts_with_immediates_cost_a_link_and_time_out,
+        ),
         Trial::test(
             "many_links_flooding_gets_are_bounded_in_all",
             many_links_flooding_gets_are_bounded_in_all,

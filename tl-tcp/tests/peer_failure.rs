@@ -248,6 +248,58 @@ fn silent_peer() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A put with immediate data to a target that never connects back to the
+/// writer (it takes immediates only from ifaces it connected to): it is
+/// not executed, and fails after the writer's peer timeout with an error
+/// that names the cause.
+fn put_imm_to_a_target_that_never_connects_back() -> Result<(), Failed> {
+    let mut tx = open_lo();
+    let mut rx = open_lo();
+    let mut ep = tx.create_ep(to_iface(rx.as_ref()))?;
+    let target = rx.md().alloc(64, MemoryType::Host, Access::all())?;
+    let rkey = own_rkey(rx.as_ref(), &target)?;
+    let src = tx.md().alloc(64, MemoryType::Host, Access::all())?;
+    src.write(0, &[7u8; 64])?;
+    let comp = Completion::new();
+    let t0 = Instant::now();
+    let st = ep.put_zcopy_imm(
+        &[Iov::new(&src, 0, 64)],
+        target.addr(),
+        &rkey,
+        1,
+        Some(&comp),
+    )?;
+    if st != Status::InProgress {
+        return Err(format!("a put with immediate data returned {st:?}").into());
+    }
+    while !comp.is_complete() && t0.elapsed() < Duration::from_millis(TIMEOUT_MS * 3) {
+        tx.progress();
+        rx.progress();
+    }
+    let took = t0.elapsed();
+    let e = match comp.is_complete().then(|| comp.result()) {
+        None => return Err(format!("not failed after {took:?}").into()),
+        Some(Ok(())) => return Err("completed though the target never connected back".into()),
+        Some(Err(e)) => e,
+    };
+    if took < Duration::from_millis(TIMEOUT_MS) {
+        return Err(format!("failed after {took:?}, before the timeout: {e}").into());
+    }
+    if !e
+        .to_string()
+        .contains("has not connected back to this writer")
+    {
+        return Err(format!("the error does not name the cause: {e}").into());
+    }
+    let mut got = [0u8; 64];
+    target.read(0, &mut got)?;
+    if got != [0u8; 64] {
+        return Err("the put was executed".into());
+    }
+    println!("peer_failure: put with immediate data failed after {took:?}: {e}");
+    Ok(())
+}
+
 fn main() {
     if std::env::var(common::ROLE).as_deref() == Ok("server") {
         serve();
@@ -258,6 +310,10 @@ fn main() {
     let trials = vec![
         Trial::test("tcp_peer_killed_mid_stream", killed_peer),
         Trial::test("tcp_silent_peer_times_out", silent_peer),
+        Trial::test(
+            "tcp_put_imm_to_a_target_that_never_connects_back",
+            put_imm_to_a_target_that_never_connects_back,
+        ),
     ];
     libtest_mimic::run(&args, trials).exit();
 }

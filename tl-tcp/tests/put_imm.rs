@@ -4,9 +4,9 @@
 //! completes only once the target has executed it; a refused put delivers
 //! no immediate and fails with the error a refused plain put gets; a peer
 //! speaking the frames itself gets the same checks. Immediates come only
-//! from an iface the target connected to: before that they are held (and
-//! what follows them), from a stranger that claims another's identity
-//! without its cookie for good.
+//! from an iface the target connected to: before that a put with immediate
+//! data waits unexecuted and unanswered (and what follows it), from a
+//! stranger that claims another's identity without its cookie for good.
 
 mod common;
 
@@ -555,10 +555,12 @@ fn a_peer_speaking_the_frames_gets_the_same_checks() {
 }
 
 /// Before the target connects back, the initiator's puts with immediate
-/// data are done and answered, their immediates (and the active messages
-/// after them) held; once it connects back, all come, in order.
+/// data wait unexecuted and unanswered (and the active messages after
+/// them): their completions do not fire, their bytes are not written, no
+/// immediate comes. Once it connects back, all come, in order, and the
+/// puts complete.
 #[test]
-fn immediates_wait_for_the_target_to_connect_back_then_come_in_order() {
+fn puts_with_immediates_wait_for_the_target_to_connect_back_then_come_in_order() {
     let mut p = Pair::one_way();
     let order = Arc::new(Mutex::new(Vec::<String>::new()));
     let o = order.clone();
@@ -575,33 +577,55 @@ fn immediates_wait_for_the_target_to_connect_back_then_come_in_order() {
     let (target, rkey) = p.target(64, Access::all());
     let src = p.source(&pattern(64, 5));
     assert_eq!(p.ep.am_bcopy(5, &[0]).unwrap(), Status::Done);
+    let mut comps = Vec::new();
     for i in 1..=3u8 {
         let comp = Completion::new();
-        p.post(&comp, |ep, c| {
-            ep.put_zcopy_imm(
-                &[Iov::new(&src, 0, 64)],
-                target.addr(),
-                &rkey,
-                i as u32,
-                Some(c),
-            )
-        })
-        .unwrap();
+        let t0 = Instant::now();
+        loop {
+            let iov = [Iov::new(&src, 0, 64)];
+            match p
+                .ep
+                .put_zcopy_imm(&iov, target.addr(), &rkey, i as u32, Some(&comp))
+                .unwrap()
+            {
+                Status::InProgress => break,
+                Status::NoResource => p.progress(),
+                Status::Done => panic!("a put with immediate data done in the call"),
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "NoResource for 20 s"
+            );
+        }
+        comps.push(comp);
         assert_eq!(p.ep.am_bcopy(5, &[10 + i]).unwrap(), Status::Done);
     }
-    p.flush().unwrap();
-    for _ in 0..100 {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(300) {
         p.progress();
     }
     let mut got = vec![0u8; 64];
     target.read(0, &mut got).unwrap();
-    assert_eq!(got, pattern(64, 5), "the puts were not done");
+    assert_eq!(
+        got,
+        vec![0u8; 64],
+        "a put was done before the target connected back"
+    );
+    assert!(
+        comps.iter().all(|c| !c.is_complete()),
+        "a put with immediate data completed before the target connected back"
+    );
     assert_eq!(
         *order.lock().unwrap(),
         ["am0"],
-        "held arrivals were delivered"
+        "what came after the first put with immediate data was delivered"
     );
     p.connect_back();
+    for c in &comps {
+        p.wait(c);
+        c.result().unwrap();
+    }
+    p.flush().unwrap();
     let t0 = Instant::now();
     while order.lock().unwrap().len() < 7 && t0.elapsed() < Duration::from_secs(5) {
         p.progress();
@@ -610,11 +634,14 @@ fn immediates_wait_for_the_target_to_connect_back_then_come_in_order() {
         *order.lock().unwrap(),
         ["am0", "imm1", "am11", "imm2", "am12", "imm3", "am13"]
     );
+    target.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(64, 5), "the puts were not done");
 }
 
 /// A stranger that knows the target's address claims to be an iface the
-/// target connected to, without that iface's cookie: its puts are done
-/// (its key is good), its immediates never delivered.
+/// target connected to, without that iface's cookie: its puts (with a good
+/// key) are neither done nor answered, its immediates never delivered; one
+/// with a key the target refuses is answered with the refusal at once.
 #[test]
 fn a_stranger_without_the_peers_cookie_never_delivers_an_immediate() {
     let mut rx = open();
@@ -650,18 +677,11 @@ fn a_stranger_without_the_peers_cookie_never_delivers_an_immediate() {
         let got = read_for(&mut s, Duration::from_millis(300), || {
             rx.progress();
         });
-        assert!(
-            got.frames.iter().any(|h| matches!(
-                h,
-                Header::PutImmReply {
-                    req: 1,
-                    error: None
-                }
-            )),
-            "{:?}",
-            got.frames
-        );
+        assert!(got.frames.is_empty(), "answered: {:?}", got.frames);
         assert!(seen.lock().unwrap().is_empty(), "a stranger's immediate");
+        let mut x = [0u8; 1];
+        mem.read(0, &mut x).unwrap();
+        assert_eq!(x, [0], "a stranger's put with immediate data was done");
     }
     // A stranger that says nothing of who it is cannot either.
     let mut s = connect(peer.socket_addr());
@@ -674,8 +694,42 @@ fn a_stranger_without_the_peers_cookie_never_delivers_an_immediate() {
     };
     bytes.extend(frame(&put, b"y"));
     assert!(send(&mut s, &bytes));
-    read_for(&mut s, Duration::from_millis(300), || {
+    let got = read_for(&mut s, Duration::from_millis(300), || {
         rx.progress();
     });
+    assert!(got.frames.is_empty(), "answered: {:?}", got.frames);
     assert!(seen.lock().unwrap().is_empty(), "a stranger's immediate");
+    // A key the target refuses: answered with the refusal, nothing waits.
+    let mut s = connect(peer.socket_addr());
+    let mut bytes = honest_hello(peer);
+    let forged = WireKey {
+        region_id: key.region_id ^ (1 << 45),
+        secret: key.secret,
+    };
+    let put = Header::PutImm {
+        req: 1,
+        key: forged,
+        addr: mem.addr(),
+        imm: 68,
+    };
+    bytes.extend(frame(&put, b"z"));
+    assert!(send(&mut s, &bytes));
+    let got = read_for(&mut s, Duration::from_millis(300), || {
+        rx.progress();
+    });
+    assert!(
+        matches!(
+            got.frames.as_slice(),
+            [Header::PutImmReply {
+                req: 1,
+                error: Some(WireError::NoSuchRegion { .. })
+            }]
+        ),
+        "{:?}",
+        got.frames
+    );
+    assert!(seen.lock().unwrap().is_empty(), "a stranger's immediate");
+    let mut x = [0u8; 1];
+    mem.read(0, &mut x).unwrap();
+    assert_eq!(x, [0], "a stranger's put with immediate data was done");
 }

@@ -256,6 +256,76 @@ fn poll_now<F: std::future::Future>(fut: F) -> Option<F::Output> {
     }
 }
 
+/// A notified write split in pieces (message after a flush), then a
+/// notified write of one piece (immediate), posted back to back: the
+/// receiver sees the notifications in the order the writes were made
+/// (README: wait_for_write "returns the next notification, in the order
+/// the writes were made").
+#[test]
+fn split_then_single_notified_writes_notify_in_order() {
+    for tl in TRANSPORTS {
+        let (a, b) = common::pair_with(tl, |b| b.max_write_piece(8 << 10));
+        let len = 64 << 10;
+        let src = Memory::alloc(&a, MemoryType::Host, len).unwrap();
+        let dst = Memory::alloc(&b, MemoryType::Host, 2 * len).unwrap();
+        let remote = RemoteBuffer::parse(&dst.remote_key()).unwrap();
+        let first = a.write_tagged(&src.whole(), &remote.slice(0, len).unwrap(), 5);
+        let second = a.write_tagged(
+            &src.view(0, 1024).unwrap(),
+            &remote.slice(len, 1024).unwrap(),
+            6,
+        );
+        within("first", &[], first).unwrap();
+        within("second", &[], second).unwrap();
+        let n1 = within("n1", &[], b.wait_for_write()).unwrap();
+        let n2 = within("n2", &[], b.wait_for_write()).unwrap();
+        assert_eq!(
+            (n1.tag, n2.tag),
+            (5, 6),
+            "{tl}: notifications out of the order of the writes"
+        );
+    }
+}
+
+/// A notified write that resolves Ok is notified, even when the writer
+/// goes away at once: where it resolves before the receiver connects
+/// (posix: the notification is in the receiver's memory), the receiver
+/// gets it after the writer left; over tcp the receiver takes immediates
+/// only from a peer it connected to, so the write waits, unresolved,
+/// until the receiver connects back, then resolves Ok and is notified.
+#[test]
+fn a_notified_write_that_resolved_ok_is_notified_when_the_writer_leaves() {
+    use std::time::Duration;
+    for tl in ["posix", "tcp"] {
+        let a = common::transport(tl, Progress::Thread);
+        let b = common::transport(tl, Progress::Thread);
+        let (ua, ub) = (a.bind().unwrap(), b.bind().unwrap());
+        let dst = Memory::alloc(&b, MemoryType::Host, 4096).unwrap();
+        a.connect(&ub).unwrap();
+        let src = Memory::alloc(&a, MemoryType::Host, 4096).unwrap();
+        let remote = RemoteBuffer::parse(&dst.remote_key()).unwrap();
+        let mut write = a.write_tagged(&src.whole(), &remote, 9);
+        let early = a.wait_within(&mut write, Duration::from_secs(1));
+        match (tl, early) {
+            ("tcp", Err(_)) => {
+                // Not resolved: it resolves once the receiver connects back.
+                b.connect(&ua).unwrap();
+                let r = a.wait_within(&mut write, Duration::from_secs(10));
+                assert!(matches!(r, Ok(Ok(_))), "{tl}: after connecting back: {r:?}");
+            }
+            ("tcp", r) => panic!("tcp: resolved before the receiver connected back: {r:?}"),
+            (_, r) => assert!(matches!(r, Ok(Ok(_))), "{tl}: {r:?}"),
+        }
+        drop(write);
+        drop(a);
+        let n = b.wait_within(b.wait_for_write(), Duration::from_secs(3));
+        assert!(
+            matches!(n, Ok(Ok(ref n)) if n.tag == 9 && n.len == 4096),
+            "{tl}: the write resolved Ok at the writer, the receiver got no notification: {n:?}"
+        );
+    }
+}
+
 /// A write larger than a piece is split; its notification comes once, by
 /// message, after all of it, with its whole length, also on transports
 /// whose single-piece writes notify by immediate (self, tcp); a write of

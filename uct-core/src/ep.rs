@@ -106,7 +106,11 @@ pub trait Endpoint: Send {
     /// The completion fires once the data has landed at the target (rc:
     /// the peer's acknowledgement; self: in the call; tcp: the target's
     /// answer), with the target's refusal if it refused the put; a refused
-    /// put delivers no immediate.
+    /// put delivers no immediate. On tcp the target executes it only once
+    /// it has connected an endpoint back to this iface (see
+    /// [`Iface::set_imm_handler`](crate::Iface::set_imm_handler)): until
+    /// then the put waits, and the endpoint fails after the peer timeout
+    /// if the target never connects back.
     fn put_zcopy_imm(
         &mut self,
         iov: &[Iov<'_>],

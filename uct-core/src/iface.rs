@@ -392,7 +392,9 @@ pub trait Iface: Send {
     /// arrive while no handler is installed are dropped with a warning.
     /// tcp delivers immediates only from ifaces this one has connected an
     /// endpoint to (as rc's come only over a connection both sides made):
-    /// create the endpoint back to the writer.
+    /// create the endpoint back to the writer. Until then the writer's put
+    /// with immediate data waits unexecuted (and what it sent after it),
+    /// and the writer's endpoint fails after its peer timeout.
     fn set_imm_handler(&mut self, handler: ImmHandler) -> Result<()> {
         let _ = handler;
         Err(crate::error::UctError::unsupported(
