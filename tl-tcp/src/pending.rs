@@ -457,6 +457,23 @@ mod tests {
     }
 
     #[test]
+    fn refusals_for_a_forgotten_endpoint_are_not_kept() {
+        let mut r = Requests::default();
+        let ep = r.new_ep_id();
+        let put = r.next_req(ep);
+        let put_imm = r.next_req(ep);
+        r.add(put_imm, PendingOp::PutImm { ep, comp: None }, 0);
+        r.forget_ep(ep);
+        r.on_reply(nack(put), vec![]).unwrap();
+        let refused = Header::PutImmReply {
+            req: put_imm,
+            error: Some(WireError::BadSecret),
+        };
+        r.on_reply(refused, vec![]).unwrap();
+        assert!(r.nacks.is_empty(), "a refusal kept for a gone endpoint");
+    }
+
+    #[test]
     fn gets_in_flight_are_capped_in_bytes_and_requests_in_number() {
         let mut r = Requests::default();
         let ep = r.new_ep_id();
