@@ -30,7 +30,7 @@ pub const TCP_CONFIG: &[ConfigVar] = &[
         name: "UCT_TCP_MAX_ACCEPTED",
         default: "1024",
         kind: ConfigKind::Uint,
-        doc: "Most connections a tcp iface keeps that peers opened to it (one per peer iface that sends to it). At the limit, the oldest that has not said Hello yet is closed for a new one, else, of those that never sent a request, the one idle longest if idle for UCT_TCP_PEER_TIMEOUT; if none is, the new one is refused (a connection that carried a request is never closed for a new one). Connections that say no Hello within UCT_BOOTSTRAP_TIMEOUT are closed. `auto`: the default.",
+        doc: "Most connections a tcp iface keeps that peers opened to it (one per peer iface that sends to it). At the limit, the oldest that has not said Hello yet is closed for a new one, else, of those that never sent a request or whose put with immediate data waits for this iface to connect back, the one idle longest if idle for UCT_TCP_PEER_TIMEOUT; if none is, the new one is refused (a connection that carried a request is never closed for a new one). Connections that say no Hello within UCT_BOOTSTRAP_TIMEOUT are closed. `auto`: the default.",
     },
 ];
 
