@@ -527,6 +527,9 @@ impl Link {
                         }
                         break 'turn;
                     }
+                    // It goes now (connected back, or refused: its key
+                    // went stale while it waited).
+                    self.waiting_back = None;
                 }
                 match parsed {
                     Parsed::Frame {
