@@ -204,8 +204,10 @@ typedef uint32_t uct_rs_progress;
 /**
  * The settings of a new transport. Fill it with
  * `uct_rs_transport_options_init`, which sets `size` to the size this
- * header declares, then change what you need. A library built from
- * another version of the header reads the fields it knows by `size`.
+ * header declares, then change what you need. `size` names the version
+ * of the struct: a library refuses options of any other size
+ * (`UCT_RS_ERR_INVALID_ARGUMENT`), so build against the header of the
+ * library you load.
  */
 typedef struct uct_rs_transport_options {
     /**
@@ -643,7 +645,9 @@ const char *uct_rs_last_error(void);
 /**
  * Frees a string a uct-rs function returned (a URL, a remote key, a
  * name). A pointer uct-rs did not return, or one freed already, gives
- * `UCT_RS_ERR_INVALID_HANDLE` and is left alone.
+ * `UCT_RS_ERR_INVALID_HANDLE` and is left alone. Strings are known by
+ * address only: a second free is detected unless a newer string got
+ * the same address since, in which case that newer string is freed.
  *
  * Ownership: the string is invalid afterwards. Thread-safe.
  */
@@ -786,13 +790,17 @@ enum uct_rs_status uct_rs_mem_alloc(struct uct_rs_transport *transport,
  * Ownership: `*memory` is the caller's, to free with `uct_rs_mem_free`;
  * the bytes stay the caller's, and must stay allocated until
  * `uct_rs_mem_free` has returned `UCT_RS_OK` (it refuses with
- * `UCT_RS_ERR_BUSY` while a request uses them). Peers with write rights
- * may change them at any time. Thread-safe.
+ * `UCT_RS_ERR_BUSY` while a request uses them; `uct_rs_mem_free_wait`
+ * waits for them instead). Peers with write rights may change them at
+ * any time, and reads land in them: with `UCT_RS_REMOTE_WRITE` the bytes
+ * must be writable, not read-only (a string literal, a read-only
+ * mapping). A range that runs past the end of the address space, or
+ * longer than `PTRDIFF_MAX`, is refused. Thread-safe.
  *
  * # Safety
  * `address..address+length` is memory of that type that stays allocated
- * as said above; `memory` is NULL (refused) or points to a writable
- * `uct_rs_memory *`.
+ * as said above, and writable if write rights are asked; `memory` is
+ * NULL (refused) or points to a writable `uct_rs_memory *`.
  */
 enum uct_rs_status uct_rs_mem_register(struct uct_rs_transport *transport,
                                        void *address,
@@ -880,14 +888,28 @@ enum uct_rs_status uct_rs_view_free(struct uct_rs_view *view);
  * access is refused) and, if uct-rs allocated it, frees the bytes. While a
  * request that uses it is in flight it refuses with `UCT_RS_ERR_BUSY` and
  * changes nothing, so that no NIC or peer touches freed memory: wait for
- * the request (or destroy its transport), then free again. Its views
- * become invalid.
+ * the request (or destroy its transport), then free again, or call
+ * `uct_rs_mem_free_wait`. Its views become invalid.
  *
  * Ownership: the handle is invalid afterwards; registered bytes are the
  * caller's to free once this returned `UCT_RS_OK`. Thread-safe: it waits
  * for calls using this memory in other threads to return.
  */
 enum uct_rs_status uct_rs_mem_free(struct uct_rs_memory *memory);
+
+/**
+ * Frees the memory once the requests that use it are done: waits for
+ * them (driving progress, as `uct_rs_request_wait` does) for up to
+ * `timeout_ms` (negative: for ever), then frees it as `uct_rs_mem_free`
+ * does. A request's failure does not stop the free: only its end
+ * matters. Requests posted meanwhile are waited for too. Gives
+ * `UCT_RS_ERR_TIMED_OUT` and changes nothing if they are still in flight
+ * by then.
+ *
+ * Ownership: as `uct_rs_mem_free`; registered bytes are the caller's to
+ * free once this returned `UCT_RS_OK`. Thread-safe.
+ */
+enum uct_rs_status uct_rs_mem_free_wait(struct uct_rs_memory *memory, int64_t timeout_ms);
 
 /**
  * Reads a remote key the peer's `uct_rs_mem_remote_key` gave. A key of

@@ -5,10 +5,13 @@
 // Ownership follows the C API: a Memory outlives its Views only as
 // handles (a View of a freed Memory throws when used), a Request's
 // destructor frees the request but not the operation, which goes on.
-// Wait for your requests before their Memory goes out of scope: a Memory
-// still used by a request in flight is not freed (that would let the NIC
-// or the peer touch freed memory); its destructor then leaves the handle
-// allocated instead, which is safe but leaks it.
+// Wait for your requests before their Memory goes out of scope. The
+// destructor of a Memory made by register_memory waits for the requests
+// still using it (uct_rs_mem_free_wait, no timeout) and then deregisters
+// it, so the caller's bytes are never freed while a peer or the NIC may
+// still touch them (an exception unwinding past both is safe). The
+// destructor of an allocated Memory does not wait: while a request uses
+// it, the library keeps it allocated (safe, but it leaks).
 //
 // Thread-safety is the C API's: every call may be made from any thread.
 #ifndef UCT_RS_HPP
@@ -60,6 +63,10 @@ inline std::string take(char *s) {
     return copy;
 }
 
+/// Frees registered memory once its requests are done: a destructor must
+/// not leave the caller's bytes registered after it returns.
+inline uct_rs_status mem_free_waiting(uct_rs_memory *m) { return uct_rs_mem_free_wait(m, -1); }
+
 /// Owns a handle of type H, freed with Free.
 template <typename H, uct_rs_status (*Free)(H *)> class Owned {
 public:
@@ -79,6 +86,9 @@ public:
 
     /// The C handle (still owned here).
     H *get() const noexcept { return h_; }
+
+    /// Gives the handle up without freeing it (freed elsewhere).
+    H *release() noexcept { return std::exchange(h_, nullptr); }
 
     /// Frees the handle now; throws if the library refuses (UCT_RS_ERR_BUSY),
     /// and keeps it then.
@@ -293,6 +303,11 @@ public:
         return Notification{n.length, n.tag};
     }
 
+    /// Destroys it now: its requests in flight end (UCT_RS_ERR_CLOSED), so
+    /// the Memory made from it can be freed; that and its other objects
+    /// are still to be freed. The way out after a failure.
+    void destroy() { h_.free(); }
+
     uct_rs_transport *get() const noexcept { return h_.get(); }
 
 private:
@@ -309,7 +324,7 @@ public:
                         uint32_t rights = UCT_RS_REMOTE_ALL) {
         uct_rs_memory *h = nullptr;
         detail::check(uct_rs_mem_alloc(t.get(), type, length, rights, &h));
-        return Memory(h);
+        return allocated(h);
     }
 
     /// Registers the caller's memory, which must stay allocated until this
@@ -319,7 +334,7 @@ public:
                                   uint32_t rights = UCT_RS_REMOTE_ALL) {
         uct_rs_memory *h = nullptr;
         detail::check(uct_rs_mem_register(t.get(), address, length, type, rights, &h));
-        return Memory(h);
+        return registered(h);
     }
 
     uct_rs_region_info info() const {
@@ -351,13 +366,43 @@ public:
     View whole() const { return view(0, size()); }
 
     /// Frees it now; throws Error UCT_RS_ERR_BUSY while a request uses it.
-    void free() { h_.free(); }
+    void free() {
+        allocated_.free();
+        registered_.free();
+    }
 
-    uct_rs_memory *get() const noexcept { return h_.get(); }
+    /// Frees it once the requests using it are done; throws Error
+    /// UCT_RS_ERR_TIMED_OUT (and keeps it) if they are not by `timeout`.
+    void free_wait(std::chrono::milliseconds timeout = forever) {
+        if (uct_rs_memory *h = get()) {
+            detail::check(uct_rs_mem_free_wait(h, timeout.count()));
+            // Freed: the owners must not free it again.
+            (void)allocated_.release();
+            (void)registered_.release();
+        }
+    }
+
+    uct_rs_memory *get() const noexcept {
+        return allocated_.get() != nullptr ? allocated_.get() : registered_.get();
+    }
 
 private:
-    explicit Memory(uct_rs_memory *h) : h_(h) {}
-    detail::Owned<uct_rs_memory, uct_rs_mem_free> h_;
+    static Memory allocated(uct_rs_memory *h) {
+        Memory m;
+        m.allocated_ = detail::Owned<uct_rs_memory, uct_rs_mem_free>(h);
+        return m;
+    }
+    static Memory registered(uct_rs_memory *h) {
+        Memory m;
+        m.registered_ = detail::Owned<uct_rs_memory, detail::mem_free_waiting>(h);
+        return m;
+    }
+    Memory() = default;
+
+    // One of the two holds the handle: registered memory is freed by a
+    // destructor that waits, so the caller's bytes outlive every access.
+    detail::Owned<uct_rs_memory, uct_rs_mem_free> allocated_;
+    detail::Owned<uct_rs_memory, detail::mem_free_waiting> registered_;
 };
 
 } // namespace uct_rs

@@ -172,11 +172,17 @@ pub(crate) fn call(func: &'static str, body: impl FnOnce() -> CallResult) -> Sta
         }
     };
     let status = err.status();
-    let message = match &err {
-        CapiError::Transfer(e) => in_c_words(&e.to_string()),
-        other => other.to_string(),
-    };
-    set_last_error(format!("{func}: {message}"));
+    // Building the message runs Display code, which must not unwind into
+    // C either; a panic there leaves a plainer message.
+    let message = catch_unwind(AssertUnwindSafe(|| {
+        let message = match &err {
+            CapiError::Transfer(e) => in_c_words(&e.to_string()),
+            other => other.to_string(),
+        };
+        format!("{func}: {message}")
+    }))
+    .unwrap_or_else(|_| format!("{func}: failed, and describing the failure panicked"));
+    set_last_error(message);
     status
 }
 

@@ -95,6 +95,8 @@ pub(crate) fn give_string(s: String) -> Result<*mut c_char, CapiError> {
 }
 
 /// Frees a string [`give_string`] handed out; anything else is refused.
+/// Known by address only: a stale pointer whose address a newer string
+/// reuses frees that string (the C doc says so).
 pub(crate) fn take_string(ptr: *mut c_char) -> Result<(), CapiError> {
     if ptr.is_null() {
         return Err(CapiError::Null {

@@ -82,7 +82,9 @@ pub extern "C" fn uct_rs_last_error() -> *const c_char {
 
 /// Frees a string a uct-rs function returned (a URL, a remote key, a
 /// name). A pointer uct-rs did not return, or one freed already, gives
-/// `UCT_RS_ERR_INVALID_HANDLE` and is left alone.
+/// `UCT_RS_ERR_INVALID_HANDLE` and is left alone. Strings are known by
+/// address only: a second free is detected unless a newer string got
+/// the same address since, in which case that newer string is freed.
 ///
 /// Ownership: the string is invalid afterwards. Thread-safe.
 #[no_mangle]

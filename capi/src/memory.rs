@@ -4,13 +4,14 @@
 
 use std::ffi::{c_char, c_void};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
+use std::time::Instant;
 
-use uct_transfer::{Access, Memory, MemoryType};
+use uct_transfer::{Access, Memory, MemoryType, TransferError};
 
 use crate::error::{call, CapiError};
 use crate::ffi::{give_string, Out};
 use crate::handle::{drop_last, Kind, Table};
-use crate::request::ReqCore;
+use crate::request::{timeout_of, ReqCore};
 use crate::status::Status;
 use crate::transport::{
     memory_type, memory_type_value, UctRsMemoryType, UctRsTransport, TRANSPORTS,
@@ -190,13 +191,17 @@ pub unsafe extern "C" fn uct_rs_mem_alloc(
 /// Ownership: `*memory` is the caller's, to free with `uct_rs_mem_free`;
 /// the bytes stay the caller's, and must stay allocated until
 /// `uct_rs_mem_free` has returned `UCT_RS_OK` (it refuses with
-/// `UCT_RS_ERR_BUSY` while a request uses them). Peers with write rights
-/// may change them at any time. Thread-safe.
+/// `UCT_RS_ERR_BUSY` while a request uses them; `uct_rs_mem_free_wait`
+/// waits for them instead). Peers with write rights may change them at
+/// any time, and reads land in them: with `UCT_RS_REMOTE_WRITE` the bytes
+/// must be writable, not read-only (a string literal, a read-only
+/// mapping). A range that runs past the end of the address space, or
+/// longer than `PTRDIFF_MAX`, is refused. Thread-safe.
 ///
 /// # Safety
 /// `address..address+length` is memory of that type that stays allocated
-/// as said above; `memory` is NULL (refused) or points to a writable
-/// `uct_rs_memory *`.
+/// as said above, and writable if write rights are asked; `memory` is
+/// NULL (refused) or points to a writable `uct_rs_memory *`.
 #[no_mangle]
 pub unsafe extern "C" fn uct_rs_mem_register(
     transport: *mut UctRsTransport,
@@ -214,6 +219,13 @@ pub unsafe extern "C" fn uct_rs_mem_register(
         if address.is_null() || length == 0 {
             return Err(CapiError::Argument(format!(
                 "address {address:p} and length {length}: register at least 1 byte at a real address"
+            )));
+        }
+        // A range past the end of the address space (or longer than any
+        // allocation can be) would let reads and writes reach any byte.
+        if length > isize::MAX as usize || address.addr().checked_add(length).is_none() {
+            return Err(CapiError::Argument(format!(
+                "address {address:p} and length {length}: the range runs past the end of the address space; pass the length of the caller's allocation"
             )));
         }
         let t = TRANSPORTS.get(transport, "transport")?.get()?;
@@ -402,31 +414,77 @@ pub extern "C" fn uct_rs_view_free(view: *mut UctRsView) -> Status {
 /// access is refused) and, if uct-rs allocated it, frees the bytes. While a
 /// request that uses it is in flight it refuses with `UCT_RS_ERR_BUSY` and
 /// changes nothing, so that no NIC or peer touches freed memory: wait for
-/// the request (or destroy its transport), then free again. Its views
-/// become invalid.
+/// the request (or destroy its transport), then free again, or call
+/// `uct_rs_mem_free_wait`. Its views become invalid.
 ///
 /// Ownership: the handle is invalid afterwards; registered bytes are the
 /// caller's to free once this returned `UCT_RS_OK`. Thread-safe: it waits
 /// for calls using this memory in other threads to return.
 #[no_mangle]
 pub extern "C" fn uct_rs_mem_free(memory: *mut UctRsMemory) -> Status {
-    call("uct_rs_mem_free", || {
-        let m = MEMORIES.get(memory, "memory")?;
-        {
-            let mut users = m.users()?;
-            users.pending.retain(|r| r.pending());
-            if !users.pending.is_empty() {
-                return Err(CapiError::Busy(format!(
-                    "{} request(s) using this memory are in flight; wait for them with uct_rs_request_wait (or destroy their transport), then free it",
-                    users.pending.len()
-                )));
+    call("uct_rs_mem_free", || free_now(memory))
+}
+
+/// Frees the memory once the requests that use it are done: waits for
+/// them (driving progress, as `uct_rs_request_wait` does) for up to
+/// `timeout_ms` (negative: for ever), then frees it as `uct_rs_mem_free`
+/// does. A request's failure does not stop the free: only its end
+/// matters. Requests posted meanwhile are waited for too. Gives
+/// `UCT_RS_ERR_TIMED_OUT` and changes nothing if they are still in flight
+/// by then.
+///
+/// Ownership: as `uct_rs_mem_free`; registered bytes are the caller's to
+/// free once this returned `UCT_RS_OK`. Thread-safe.
+#[no_mangle]
+pub extern "C" fn uct_rs_mem_free_wait(memory: *mut UctRsMemory, timeout_ms: i64) -> Status {
+    call("uct_rs_mem_free_wait", || {
+        let limit = timeout_of(timeout_ms);
+        let start = Instant::now();
+        loop {
+            let pending = {
+                let m = MEMORIES.get(memory, "memory")?;
+                let mut users = m.users()?;
+                users.pending.retain(|r| r.pending());
+                users.pending.clone()
+            };
+            if pending.is_empty() {
+                match free_now(memory) {
+                    // A request posted in another thread since: wait again.
+                    Err(CapiError::Busy(_)) => continue,
+                    done => return done,
+                }
             }
-            users.freed = true;
+            for r in pending {
+                let left = limit.map(|l| l.saturating_sub(start.elapsed()));
+                // Its own error is its waiter's business; a timeout is ours.
+                if let Err(TransferError::TimedOut { .. }) = r.wait(left) {
+                    return Err(TransferError::TimedOut {
+                        after: limit.unwrap_or_default(),
+                    }
+                    .into());
+                }
+            }
         }
-        // A free in another thread may have taken it out first: its error.
-        let m2 = MEMORIES.remove(memory, "memory")?;
-        drop(m2);
-        drop_last(m);
-        Ok(Status::UCT_RS_OK)
     })
+}
+
+/// Frees the memory, or refuses with `Busy` while a request uses it.
+fn free_now(memory: *mut UctRsMemory) -> Result<Status, CapiError> {
+    let m = MEMORIES.get(memory, "memory")?;
+    {
+        let mut users = m.users()?;
+        users.pending.retain(|r| r.pending());
+        if !users.pending.is_empty() {
+            return Err(CapiError::Busy(format!(
+                "{} request(s) using this memory are in flight; wait for them with uct_rs_request_wait (or destroy their transport), or free it with uct_rs_mem_free_wait",
+                users.pending.len()
+            )));
+        }
+        users.freed = true;
+    }
+    // A free in another thread may have taken it out first: its error.
+    let m2 = MEMORIES.remove(memory, "memory")?;
+    drop(m2);
+    drop_last(m);
+    Ok(Status::UCT_RS_OK)
 }

@@ -122,7 +122,7 @@ impl ReqCore {
 
     /// Waits for the result, driving progress, up to `limit` (`None`: for
     /// ever), in slices of at most [`SLICE`] that let a destroy through.
-    fn wait(&self, limit: Option<Duration>) -> Result<(), TransferError> {
+    pub(crate) fn wait(&self, limit: Option<Duration>) -> Result<(), TransferError> {
         let start = Instant::now();
         loop {
             let fut = {
@@ -138,6 +138,9 @@ impl ReqCore {
                 // Another thread waits on it: its result lands in the state.
                 None => std::thread::sleep(Duration::from_millis(1).min(slice)),
                 Some(mut fut) => {
+                    // A panic while polling must not leave the request
+                    // pending with its future gone: it resolves it.
+                    let guard = PanicGuard(&self.state);
                     let outcome = match self.transport() {
                         Some((t, _)) => t.wait_within(&mut fut, slice).ok(),
                         // Destroyed: the operation is resolved by now, or
@@ -150,6 +153,7 @@ impl ReqCore {
                             }
                         },
                     };
+                    std::mem::forget(guard);
                     let mut s = lock(&self.state);
                     match outcome {
                         Some(r) => {
@@ -163,6 +167,21 @@ impl ReqCore {
             if let Some(l) = limit.filter(|l| start.elapsed() >= *l) {
                 return Err(TransferError::TimedOut { after: l });
             }
+        }
+    }
+}
+
+/// Resolves a request whose future panicked while a wait polled it; a
+/// polled-after-panic future is not polled again.
+struct PanicGuard<'a>(&'a Mutex<ReqState>);
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        let mut s = lock(self.0);
+        if s.result.is_none() {
+            s.result = Some(Err(TransferError::Panicked {
+                what: "an operation panicked while a wait polled it".into(),
+            }));
         }
     }
 }

@@ -37,8 +37,10 @@ pub const UCT_RS_PROGRESS_MANUAL: UctRsProgress = 1;
 
 /// The settings of a new transport. Fill it with
 /// `uct_rs_transport_options_init`, which sets `size` to the size this
-/// header declares, then change what you need. A library built from
-/// another version of the header reads the fields it knows by `size`.
+/// header declares, then change what you need. `size` names the version
+/// of the struct: a library refuses options of any other size
+/// (`UCT_RS_ERR_INVALID_ARGUMENT`), so build against the header of the
+/// library you load.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct UctRsTransportOptions {

@@ -221,14 +221,21 @@ int run(const Settings &s) {
         }
     };
     auto start = std::chrono::steady_clock::now();
-    for (unsigned round = 0; round < s.rounds; round++) {
-        if (s.first) {
-            send(round);
-            receive(round);
-        } else {
-            receive(round);
-            send(round);
+    try {
+        for (unsigned round = 0; round < s.rounds; round++) {
+            if (s.first) {
+                send(round);
+                receive(round);
+            } else {
+                receive(round);
+                send(round);
+            }
         }
+    } catch (...) {
+        // A failed wait leaves its write in flight: destroying the
+        // transport first ends it, so the Memory destructors free.
+        t.destroy();
+        throw;
     }
     std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - start;
     std::printf("%s: %s side: %u round trips of %zu bytes over %s, every byte verified "

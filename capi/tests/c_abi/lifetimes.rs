@@ -174,3 +174,71 @@ fn a_wait_in_manual_mode_drives_progress_itself() {
     ok(uct_rs_transport_destroy(a), "destroy");
     ok(uct_rs_transport_destroy(b), "destroy");
 }
+
+#[test]
+fn free_wait_times_out_then_frees_once_the_request_is_done() {
+    let (a, b) = pair("tcp", true);
+    let mut buf = pattern(3, 1 << 20);
+    let mut src = null_mut();
+    // SAFETY: `buf` stays allocated until uct_rs_mem_free_wait returned OK.
+    ok(
+        unsafe {
+            uct_rs_mem_register(
+                a,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                UCT_RS_MEMORY_HOST,
+                UCT_RS_REMOTE_READ,
+                &mut src,
+            )
+        },
+        "mem_register",
+    );
+    let dst = alloc(b, 1 << 20);
+    let (v, r) = (view(src, 0, 1 << 20), remote_of(dst));
+    let (s, req) = write(a, v, r, None);
+    ok(s, "write");
+    ok(uct_rs_request_free(req), "request_free while in flight");
+    assert_eq!(
+        uct_rs_request_test(req),
+        Status::UCT_RS_ERR_INVALID_HANDLE,
+        "the freed request"
+    );
+    fails(
+        uct_rs_mem_free_wait(src, 0),
+        Status::UCT_RS_ERR_TIMED_OUT,
+        "free_wait with no time while the peer does not progress",
+    );
+    // Still whole after the timeout.
+    let _ = key(src);
+    // The peer progresses in another thread; free_wait drives a's.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let peer = {
+        let (stop, b) = (stop.clone(), b as usize);
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: b stays alive until this thread is joined.
+                ok(
+                    unsafe { uct_rs_transport_progress(b as *mut UctRsTransport, null_mut()) },
+                    "progress",
+                );
+            }
+        })
+    };
+    ok(uct_rs_mem_free_wait(src, -1), "free_wait for ever");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    peer.join().unwrap();
+    assert!(contents(dst, 0, 1 << 20) == buf, "the write landed whole");
+    fails(
+        uct_rs_mem_free(src),
+        Status::UCT_RS_ERR_INVALID_HANDLE,
+        "memory freed by free_wait",
+    );
+    // The buffer is the test's again.
+    buf.fill(0);
+    ok(uct_rs_view_free(v), "view_free");
+    ok(uct_rs_remote_free(r), "remote_free");
+    ok(uct_rs_mem_free(dst), "mem_free");
+    ok(uct_rs_transport_destroy(a), "destroy");
+    ok(uct_rs_transport_destroy(b), "destroy");
+}

@@ -279,3 +279,32 @@ fn posix_refuses_to_register_a_buffer_it_did_not_allocate() {
     assert!(msg.contains("use uct_rs_mem_alloc"), "{msg}");
     ok(uct_rs_transport_destroy(t), "destroy");
 }
+
+#[test]
+fn a_registration_past_the_end_of_the_address_space_is_refused() {
+    let t = transport("tcp", false);
+    let mut buf = vec![0u8; 4096];
+    for (what, len) in [
+        ("SIZE_MAX bytes", usize::MAX),
+        ("more than PTRDIFF_MAX bytes", isize::MAX as usize + 1),
+        ("a range that wraps", usize::MAX - buf.as_ptr() as usize + 2),
+    ] {
+        let mut m = null_mut();
+        // SAFETY: refused before anything keeps or touches the pointer.
+        let s = unsafe {
+            uct_rs_mem_register(
+                t,
+                buf.as_mut_ptr().cast(),
+                len,
+                UCT_RS_MEMORY_HOST,
+                UCT_RS_REMOTE_ALL,
+                &mut m,
+            )
+        };
+        let msg = fails(s, Status::UCT_RS_ERR_INVALID_ARGUMENT, what);
+        assert!(msg.contains("past the end of the address space"), "{what}: {msg}");
+        assert!(m.is_null(), "{what}");
+    }
+    buf.fill(1);
+    ok(uct_rs_transport_destroy(t), "destroy");
+}
