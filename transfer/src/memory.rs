@@ -181,6 +181,13 @@ impl Memory {
                 "a registration of 0 bytes; register at least 1".into(),
             ));
         }
+        // No allocation is longer than isize::MAX or wraps the address
+        // space; such a range would expose every byte to peers.
+        if len > isize::MAX as usize || (ptr as usize).checked_add(len).is_none() {
+            return Err(TransferError::Config(format!(
+                "a registration of {len} bytes at {ptr:p} runs past the end of the address space; pass the length of the allocation"
+            )));
+        }
         let targets = transport.reg_targets()?;
         check_reachable(&targets, MemoryType::Host)?;
         let access = access | Access::LOCAL_READ | Access::LOCAL_WRITE;
