@@ -22,8 +22,6 @@ pub enum Hold {
     /// A buffer export (PyBuffer): released, under the interpreter, when
     /// the last user is gone.
     Buffer(PyUntypedBuffer),
-    /// An object whose memory is registered (a torch tensor).
-    Object(Py<PyAny>),
 }
 
 /// Shared among a Memory, its views and their operations.

@@ -27,15 +27,26 @@ pub fn mem_type_of(name: &str) -> PyResult<MemoryType> {
     MemoryType::parse(name).map_err(|e| errors::input(e.to_string()))
 }
 
-/// Whether `obj` is a torch tensor (duck-typed: torch is not a
-/// dependency).
+/// Whether `obj` is a torch tensor: an instance of the `torch.Tensor` of
+/// the torch this interpreter imported (torch is not a dependency). Never
+/// duck-typed: an object that only looks like one would hand us a pointer
+/// with no buffer behind it.
 fn is_tensor(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
-    Ok(obj.hasattr("data_ptr")? && obj.hasattr("untyped_storage")? && obj.hasattr("device")?)
+    let modules = obj.py().import("sys")?.getattr("modules")?;
+    let Ok(torch) = modules.get_item("torch") else {
+        return Ok(false);
+    };
+    let Ok(tensor_type) = torch.getattr("Tensor") else {
+        return Ok(false);
+    };
+    obj.is_instance(&tensor_type)
 }
 
-/// The address and length of a torch tensor's bytes, and a reference that
-/// keeps it. CPU tensors only: a GPU tensor's memory needs a GPU memory
-/// domain to register it.
+/// The address and length of a torch tensor's bytes, and what keeps them:
+/// a CPU tensor goes through its NumPy view (`tensor.detach().numpy()`,
+/// which shares its memory), so that the buffer protocol's checks
+/// (writable, contiguous) and hold apply as to any buffer; the view keeps
+/// the tensor alive. A GPU tensor's memory needs a GPU memory domain.
 fn tensor(obj: &Bound<'_, PyAny>) -> PyResult<(*mut u8, usize, Hold)> {
     let device = obj.getattr("device")?;
     let device_type: String = device.getattr("type")?.extract()?;
@@ -50,14 +61,8 @@ fn tensor(obj: &Bound<'_, PyAny>) -> PyResult<(*mut u8, usize, Hold)> {
             "this torch tensor is not contiguous; register tensor.contiguous()",
         ));
     }
-    let nbytes: usize = obj.getattr("nbytes")?.extract()?;
-    if nbytes == 0 {
-        return Err(errors::input(
-            "this torch tensor is empty; register at least 1 byte",
-        ));
-    }
-    let ptr: usize = obj.call_method0("data_ptr")?.extract()?;
-    Ok((ptr as *mut u8, nbytes, Hold::Object(obj.clone().unbind())))
+    let array = obj.call_method0("detach")?.call_method0("numpy")?;
+    hold::export(&array)
 }
 
 /// The transfer API's advice in Python's words (`Memory.alloc`, not
@@ -98,10 +103,11 @@ pub struct PyMemory {
 impl PyMemory {
     /// Registers `buffer` with `transport` in place: a bytearray, a
     /// writable memoryview, a NumPy array (any writable, contiguous buffer)
-    /// or a CPU torch tensor. Its bytes are not copied; the buffer is held
-    /// (a buffer export, so a bytearray or array cannot be resized) while
-    /// this Memory, its views or operations on them live. A tensor is
-    /// held by reference: do not resize it (resize_) meanwhile.
+    /// or a CPU torch tensor (an instance of torch.Tensor, through its
+    /// NumPy view). Its bytes are not copied; the buffer is held (a buffer
+    /// export, so a bytearray or array cannot be resized) while this
+    /// Memory, its views or operations on them live. Do not resize_ or
+    /// set_ a registered tensor meanwhile: torch does not stop it.
     /// `read_only=True`: peers may read it, not write it. posix cannot
     /// register memory it did not allocate: use Memory.alloc there.
     #[new]
