@@ -302,9 +302,38 @@ fn a_registration_past_the_end_of_the_address_space_is_refused() {
             )
         };
         let msg = fails(s, Status::UCT_RS_ERR_INVALID_ARGUMENT, what);
-        assert!(msg.contains("past the end of the address space"), "{what}: {msg}");
+        assert!(
+            msg.contains("past the end of the address space"),
+            "{what}: {msg}"
+        );
         assert!(m.is_null(), "{what}");
     }
     buf.fill(1);
     ok(uct_rs_transport_destroy(t), "destroy");
+}
+
+/// The transfer API refuses such a range itself, not only the C ABI.
+#[test]
+fn transfer_register_raw_refuses_a_range_past_the_end_too() {
+    use uct_transfer::{Access, Memory, TransferError, Transport};
+    let t = Transport::builder().transport("tcp").build().unwrap();
+    let mut buf = vec![0u8; 4096];
+    for (what, len) in [
+        ("usize::MAX bytes", usize::MAX),
+        ("more than isize::MAX bytes", isize::MAX as usize + 1),
+        ("a range that wraps", usize::MAX - buf.as_ptr() as usize + 2),
+    ] {
+        // SAFETY: refused before anything keeps or touches the pointer.
+        let e = unsafe { Memory::register_raw(&t, buf.as_mut_ptr(), len, Access::all()) };
+        match e {
+            Err(TransferError::Config(msg)) => {
+                assert!(
+                    msg.contains("past the end of the address space"),
+                    "{what}: {msg}"
+                )
+            }
+            other => panic!("{what}: {:?}", other.map(|_| ())),
+        }
+    }
+    buf.fill(1);
 }
