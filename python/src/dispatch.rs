@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
 use pyo3::Python;
@@ -39,18 +39,34 @@ pub enum Job {
     OrphanWoken(u64),
 }
 
-static SENDER: OnceLock<Option<Sender<Job>>> = OnceLock::new();
+/// The dispatcher's queue, and the process that started its thread: a
+/// child forked after the parent started it has no such thread (fork
+/// copies only the forking one), so it starts its own.
+static SENDER: Mutex<Option<(u32, Sender<Job>)>> = Mutex::new(None);
 
-/// Hands `job` to the dispatcher thread, starting it on first use.
+/// A new dispatcher thread and its queue, or None if it cannot start.
+fn start() -> Option<Sender<Job>> {
+    let (tx, rx) = channel();
+    std::thread::Builder::new()
+        .name("uct-rs-dispatch".into())
+        .spawn(move || run(rx))
+        .ok()
+        .map(|_| tx)
+}
+
+/// Hands `job` to the dispatcher thread, starting it on first use (and
+/// again in a forked child).
 pub fn send(job: Job) {
-    let sender = SENDER.get_or_init(|| {
-        let (tx, rx) = channel();
-        std::thread::Builder::new()
-            .name("uct-rs-dispatch".into())
-            .spawn(move || run(rx))
-            .ok()
-            .map(|_| tx)
-    });
+    let pid = std::process::id();
+    let sender = {
+        let mut slot = SENDER
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if slot.as_ref().is_none_or(|(owner, _)| *owner != pid) {
+            *slot = start().map(|tx| (pid, tx));
+        }
+        slot.as_ref().map(|(_, tx)| tx.clone())
+    };
     let refused = match sender {
         Some(tx) => tx.send(job).err().map(|e| e.0),
         None => Some(job),
@@ -84,10 +100,12 @@ fn run(jobs: Receiver<Job>) {
     let mut orphans: HashMap<u64, Orphan> = HashMap::new();
     let mut next = 0u64;
     for job in jobs {
-        match job {
+        // A panic in one job must not end the thread: every later await
+        // would hang.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job {
             Job::Wake(weak) => {
                 let Some(inner) = weak.upgrade() else {
-                    continue;
+                    return;
                 };
                 let callbacks = inner.take_all_callbacks();
                 if !callbacks.is_empty() {
@@ -111,6 +129,6 @@ fn run(jobs: Receiver<Job>) {
                     }
                 }
             }
-        }
+        }));
     }
 }

@@ -158,3 +158,48 @@ def test_a_wait_that_timed_out_blocking_holds_up_no_await():
     # The kept wait gets the one after.
     a.write(src, dst.remote_key(), tag=7).wait(LIMIT)
     assert kept.wait(LIMIT).tag == 7
+
+
+FORK_SCRIPT = r"""
+import asyncio, os, sys, uct_rs
+
+def pair():
+    a, b = uct_rs.Transport("tcp", device="lo"), uct_rs.Transport("tcp", device="lo")
+    ua, ub = a.bind(), b.bind()
+    a.connect(ub)
+    b.connect(ua)
+    return a, b
+
+async def roundtrip(a, b):
+    sm, dm = uct_rs.Memory(a, bytearray(4096)), uct_rs.Memory(b, bytearray(4096))
+    w = asyncio.ensure_future(b.wait_for_write_async())
+    await asyncio.sleep(0.05)
+    await a.write(sm, dm.remote_key(), tag=1)
+    return (await asyncio.wait_for(w, 10)).tag
+
+a, b = pair()
+assert asyncio.run(roundtrip(a, b)) == 1
+a.close()
+b.close()
+pid = os.fork()
+if pid == 0:
+    a, b = pair()
+    try:
+        code = 0 if asyncio.run(roundtrip(a, b)) == 1 else 3
+    except BaseException as e:
+        print("child failed:", type(e).__name__, e, flush=True)
+        code = 4
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_awaits_work_in_a_child_forked_after_the_parent_awaited():
+    # The dispatcher thread does not survive a fork: the child starts its
+    # own (in a subprocess, so that pytest itself never forks).
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout}{r.stderr}"
