@@ -165,14 +165,20 @@ impl Inner {
 
     /// The result, or None while pending; a cancelled wait's is an error.
     fn result(&self) -> Option<Result<Outcome, PyErr>> {
-        let s = lock(&self.state);
-        if s.cancelled {
+        // Copied out under the lock, made Python exceptions after it: that
+        // attaches to Python (and may import), while other threads take
+        // this lock holding the GIL.
+        let (cancelled, result) = {
+            let s = lock(&self.state);
+            (s.cancelled, s.result.clone())
+        };
+        if cancelled {
             return Some(Err(errors::raise(
                 Kind::Other,
                 "this wait was cancelled (its await was); it took no notification: wait again",
             )));
         }
-        s.result.clone().map(|r| r.map_err(errors::to_py))
+        result.map(|r| r.map_err(errors::to_py))
     }
 
     /// Blocks up to `limit`, driving progress on this thread; whether it
