@@ -222,6 +222,7 @@ impl RemoteKey {
     }
 
     /// The component's own key type, or an error naming both sides.
+    #[inline]
     pub fn downcast<T: 'static>(&self, expected_md: &str) -> Result<&T> {
         self.inner
             .downcast_ref::<T>()

@@ -129,16 +129,29 @@ impl PosixEp {
     /// The segment of `key`, mapped once per key (and once per iface for
     /// keys of the same segment), read-only unless the key grants writes or
     /// atomics.
+    #[inline]
     fn mapping<'k>(&self, key: &'k PosixRkey) -> Result<&'k (Arc<Mapping>, View)> {
         if key.pid != self.pid {
-            return Err(UctError::BadRkey(format!(
-                "the rkey names memory of process {}, but this posix endpoint reaches process {}; use it on an endpoint to {}",
-                key.pid, self.pid, key.pid
-            )));
+            return Err(self.foreign(key));
         }
         if let Some(mapped) = key.mapping.get() {
             return Ok(mapped);
         }
+        self.map(key)
+    }
+
+    #[cold]
+    fn foreign(&self, key: &PosixRkey) -> UctError {
+        UctError::BadRkey(format!(
+            "the rkey names memory of process {}, but this posix endpoint reaches process {}; use it on an endpoint to {}",
+            key.pid, self.pid, key.pid
+        ))
+    }
+
+    /// [`mapping`](Self::mapping) the first time a key is used.
+    #[cold]
+    #[inline(never)]
+    fn map<'k>(&self, key: &'k PosixRkey) -> Result<&'k (Arc<Mapping>, View)> {
         let peers = Peers::for_access(key.soft.access);
         let id = (key.pid, key.fd, peers == Peers::ReadWrite);
         let mapping = self.cache.get_or_open(id, || {
@@ -154,6 +167,7 @@ impl PosixEp {
     /// Checks an access and returns the address in this endpoint's mapping
     /// of the segment: `len` bytes there are inside the mapping, which the
     /// rkey keeps (it holds an Arc of it) while the caller borrows the rkey.
+    #[inline]
     fn target(&self, rkey: &RemoteKey, addr: u64, len: usize, needed: Access) -> Result<*mut u8> {
         let key = rkey.downcast::<PosixRkey>("posix")?;
         let (mapping, view) = self.mapping(key)?;
@@ -182,7 +196,7 @@ impl PosixEp {
         // this call) keeps mapped, even if the owner frees the segment
         // meanwhile; no Rust borrow covers that mapping, so it does not
         // overlap `data`.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        unsafe { copy(data.as_ptr(), dst, data.len()) };
         Ok(Status::Done)
     }
 
@@ -192,7 +206,7 @@ impl PosixEp {
         // endpoint's own mapping of the segment, which `rkey` keeps mapped
         // for this call; `out` is an exclusive borrow, so it does not
         // overlap that mapping.
-        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+        unsafe { copy(src, out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
@@ -228,6 +242,27 @@ impl PosixEp {
         // that `word` itself is aligned to op.width(). A word granted
         // REMOTE_ATOMIC is accessed only atomically.
         unsafe { fetch_at(word, op) }
+    }
+}
+
+/// `copy_nonoverlapping`, with the small sizes of short operations copied
+/// inline: a call into libc's memmove for 8 bytes cost as much as the
+/// access checks.
+///
+/// # Safety
+/// As for `std::ptr::copy_nonoverlapping(src, dst, len)`.
+#[inline(always)]
+unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
+    if len == 8 {
+        // SAFETY: the caller guarantees 8 readable bytes at `src` and 8
+        // writable bytes at `dst`; unaligned accesses need no alignment.
+        unsafe {
+            dst.cast::<u64>()
+                .write_unaligned(src.cast::<u64>().read_unaligned())
+        };
+    } else {
+        // SAFETY: forwarded from the caller.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
     }
 }
 

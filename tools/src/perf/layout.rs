@@ -27,15 +27,22 @@ pub fn layout_in(attrs: &IfaceAttrs, params: &Params, size: usize) -> Result<Lay
         Op::Get => (attrs.get, Caps::GET_SHORT, Caps::GET_BCOPY, Caps::GET_ZCOPY),
         _ => (attrs.am, Caps::AM_SHORT, Caps::AM_BCOPY, Caps::AM_ZCOPY),
     };
-    // (layout, the capability it needs, the most bytes it carries)
-    let offered: Vec<(Layout, Caps, usize)> = vec![
+    // (layout, the capability it needs, the most bytes it carries), the
+    // cheapest first. A get's bcopy hands its bytes back in a new buffer
+    // (an allocation and a second copy per get), so a get tries zcopy,
+    // which lands in the registered buffer, before bcopy.
+    let mut offered: Vec<(Layout, Caps, usize)> = vec![
         (Layout::Short, short, limits.max_short),
         (Layout::Bcopy, bcopy, limits.max_bcopy),
         (Layout::Zcopy, zcopy, limits.max_zcopy),
-    ]
-    .into_iter()
-    .filter(|(_, cap, _)| attrs.caps.contains(*cap))
-    .collect();
+    ];
+    if test.op() == Op::Get {
+        offered.swap(1, 2);
+    }
+    let offered: Vec<(Layout, Caps, usize)> = offered
+        .into_iter()
+        .filter(|(_, cap, _)| attrs.caps.contains(*cap))
+        .collect();
     let what_works = || {
         offered
             .iter()
