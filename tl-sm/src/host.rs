@@ -135,6 +135,16 @@ impl PeerWatch {
     fn probe(&mut self) -> bool {
         if !self.gone {
             self.last_probe = Instant::now();
+        }
+        self.ask_kernel()
+    }
+
+    /// Whether the process has exited, asked now, without reading the
+    /// clock: [`check_now`](Self::check_now) runs before every
+    /// process_vm_* call, where a clock read cost 2.5% of an 8 B cma put.
+    #[inline]
+    fn ask_kernel(&mut self) -> bool {
+        if !self.gone {
             self.gone = match &self.pidfd {
                 Some(fd) => exited(fd),
                 None => !pid_alive(self.pid),
@@ -165,7 +175,7 @@ impl PeerWatch {
     /// call on the peer's pid (process_vm_*), which must not be another
     /// process's by then.
     pub fn check_now(&mut self) -> Result<(), UctError> {
-        match self.probe() {
+        match self.ask_kernel() {
             true => Err(peer_gone(self.transport, self.pid)),
             false => Ok(()),
         }
