@@ -75,17 +75,20 @@ struct Args {
     )]
     sizes: String,
 
-    /// Iterations per size (default: enough to move about 256 MiB, between
-    /// 1,000 and 100,000; 20,000 for latency tests; 200 with --validate).
-    #[arg(short = 'n', value_name = "ITERS")]
+    /// Iterations per size, at least 1 (default: enough to move about 256
+    /// MiB, between 1,000 and 100,000; latency tests 20,000, fewer above 13
+    /// KiB so that they move at most 256 MiB each way, at least 10; 200
+    /// with --validate).
+    #[arg(short = 'n', value_name = "ITERS", value_parser = at_least_one::<u64>("-n", "iterations per size"))]
     iters: Option<u64>,
 
     /// Warm-up iterations per size (default: a tenth of -n).
     #[arg(short = 'w', value_name = "WARMUP")]
     warmup: Option<u64>,
 
-    /// Most operations in flight in bandwidth tests.
-    #[arg(short = 'O', value_name = "OUTSTANDING", default_value_t = 32)]
+    /// Most operations in flight in bandwidth tests, at least 1.
+    #[arg(short = 'O', value_name = "OUTSTANDING", default_value_t = 32,
+          value_parser = at_least_one::<usize>("-O", "operations in flight"))]
     outstanding: usize,
 
     /// Check every byte end to end, with a pattern that changes every
@@ -127,6 +130,22 @@ struct Args {
     /// loopback endpoint of the transport, the way device memory is.
     #[arg(long, hide = true)]
     stage_validation: bool,
+}
+
+/// A clap parser for a count that must be at least 1: `-n 0` used to run
+/// one iteration silently, `-O 0` to mean 1.
+fn at_least_one<T>(
+    flag: &'static str,
+    what: &'static str,
+) -> impl Fn(&str) -> std::result::Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: std::str::FromStr + PartialEq + From<u8>,
+{
+    move |s| match s.parse::<T>() {
+        Ok(n) if n == T::from(0) => Err(format!("{flag} must be at least 1 ({what})")),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{flag} takes a whole number ({what}), not {s:?}")),
+    }
 }
 
 fn parse_max_size(s: &str) -> std::result::Result<usize, String> {
@@ -178,7 +197,7 @@ fn params_from(args: &Args) -> Result<Params> {
         sizes: parse_sizes(&args.sizes).map_err(usage)?,
         iters: args.iters,
         warmup: args.warmup,
-        outstanding: args.outstanding.max(1),
+        outstanding: args.outstanding,
         validate: args.validate,
         stage_validation: args.stage_validation,
         percentile: args.percentile,

@@ -167,6 +167,9 @@ pub struct Params {
 /// sample per iteration (8 bytes); at this bound a run is hours long.
 pub const MAX_ITERS: u64 = 100_000_000;
 
+/// Fewest iterations a latency test runs by default, whatever its size.
+pub const LATENCY_MIN_ITERS: u64 = 10;
+
 /// Most sizes in one run (8 B to 1 GiB doubling is 28).
 pub const MAX_SIZES: usize = 64;
 
@@ -205,6 +208,12 @@ impl Params {
         if self.buffer_len().is_none() {
             return Err("the sizes asked do not fit in memory".into());
         }
+        if self.iters == Some(0) {
+            return Err("0 iterations per size asked; -n must be at least 1".into());
+        }
+        if self.outstanding == 0 {
+            return Err("0 operations in flight asked; -O must be at least 1".into());
+        }
         for (what, n) in [
             ("iterations", self.iters),
             ("warm-up iterations", self.warmup),
@@ -219,7 +228,9 @@ impl Params {
     }
 
     /// Iterations for `size`: as given, or enough to move about 256 MiB,
-    /// between 1,000 and 100,000 (latency tests: 20,000).
+    /// between 1,000 and 100,000; latency tests 20,000, or as many as move
+    /// 256 MiB each way when that is fewer, at least 10 (`put_lat -s 1G`
+    /// ran 20,000 round trips of 1 GiB, tens of minutes, without a word).
     pub fn iters_for(&self, size: usize) -> u64 {
         if let Some(n) = self.iters {
             return n.max(1);
@@ -227,10 +238,11 @@ impl Params {
         if self.validate {
             return 200;
         }
+        let by_bytes = (256u64 << 20) / size.max(1) as u64;
         if self.test.is_latency() {
-            return 20_000;
+            return by_bytes.clamp(LATENCY_MIN_ITERS, 20_000);
         }
-        ((256u64 << 20) / size.max(1) as u64).clamp(1_000, 100_000)
+        by_bytes.clamp(1_000, 100_000)
     }
 
     pub fn warmup_for(&self, size: usize) -> u64 {
@@ -323,6 +335,42 @@ mod tests {
             percentile: 99.0,
             inject_corruption: None,
         }
+    }
+
+    #[test]
+    fn latency_tests_default_to_at_most_256_mib_each_way() {
+        let lat = |size| Params {
+            test: TestKind::PutLat,
+            ..params(vec![size])
+        };
+        assert_eq!(lat(8).iters_for(8), 20_000);
+        // 256 MiB / 64 KiB = 4096 round trips.
+        assert_eq!(lat(65536).iters_for(65536), 4096);
+        // 1 GiB: the floor, not 20,000 round trips of a GiB.
+        assert_eq!(lat(1 << 30).iters_for(1 << 30), LATENCY_MIN_ITERS);
+        assert!(lat(1 << 30).warmup_for(1 << 30) <= LATENCY_MIN_ITERS);
+        // An explicit -n is honoured.
+        let asked = Params {
+            iters: Some(50_000),
+            ..lat(1 << 30)
+        };
+        assert_eq!(asked.iters_for(1 << 30), 50_000);
+    }
+
+    #[test]
+    fn zero_iterations_or_window_are_refused_by_the_limits() {
+        let zero_n = Params {
+            iters: Some(0),
+            ..params(vec![8])
+        };
+        let e = zero_n.within_limits(1 << 20).unwrap_err();
+        assert!(e.contains("-n must be at least 1"), "{e}");
+        let zero_o = Params {
+            outstanding: 0,
+            ..params(vec![8])
+        };
+        let e = zero_o.within_limits(1 << 20).unwrap_err();
+        assert!(e.contains("-O must be at least 1"), "{e}");
     }
 
     #[test]
