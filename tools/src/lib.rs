@@ -3,5 +3,6 @@
 
 pub mod info;
 pub mod perf;
+pub mod plot;
 pub mod text;
 pub mod transfer_bench;

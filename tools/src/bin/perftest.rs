@@ -5,15 +5,17 @@
 //! client side. Both sides agree their parameters over the bootstrap channel
 //! and refuse a mismatch.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
 use tools::perf::error::{PerfError, Result};
 use tools::perf::params::{parse_sizes, Format, Layout, Params, TestKind};
 use tools::perf::report::{self, Row};
 use tools::perf::session::{open_iface, Role, ServerLimits, Session};
 use tools::perf::{layout, run};
+use tools::plot::{Panel, Series};
 use uct_core::bootstrap::{BootstrapChannel, BootstrapError, BootstrapListener};
 use uct_core::Registry;
 
@@ -109,6 +111,11 @@ struct Args {
     /// Print only the result lines: no header, no progress.
     #[arg(short = 'f')]
     final_only: bool,
+
+    /// Client: draw bandwidth and latency against size for the sweep into
+    /// this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
 
     /// Server: the largest message size a client may ask for (units k, M,
     /// G); the server allocates a send and a receive buffer of the largest
@@ -253,16 +260,14 @@ fn run_sizes(mut session: Session, out: Option<&Output>) -> Result<Vec<Row>> {
     layout::check_sizes(&session)?;
     let mut rows = Vec::new();
     let sizes = session.params.sizes.clone();
-    for (index, &size) in sizes.iter().enumerate() {
+    for &size in &sizes {
         let params = &session.params;
         let (iters, warmup) = (params.iters_for(size), params.warmup_for(size));
         if let Some(out) = out {
             out.progress(&format!(
-                "[{}/{}] {} {} bytes, {iters} iterations...",
-                index + 1,
-                sizes.len(),
+                "{} {}, {iters} iterations",
                 params.test.name(),
-                size
+                tools::text::size(size as u64)
             ));
         }
         let test = session.params.test.name();
@@ -291,14 +296,41 @@ fn run_sizes(mut session: Session, out: Option<&Output>) -> Result<Vec<Row>> {
 struct Output {
     format: Format,
     final_only: bool,
-    tty: bool,
+    /// The progress line: only when stderr is a terminal and not with -f.
+    bar: Option<ProgressBar>,
 }
 
 impl Output {
+    fn new(format: Format, final_only: bool, sizes: usize) -> Output {
+        let bar = (std::io::stderr().is_terminal() && !final_only).then(|| {
+            let bar = ProgressBar::new(sizes as u64);
+            let style = ProgressStyle::with_template(
+                "{spinner} [{pos}/{len}] {msg} ({elapsed} so far, about {eta} left)",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+            bar.set_style(style);
+            bar.enable_steady_tick(Duration::from_millis(200));
+            bar
+        });
+        Output {
+            format,
+            final_only,
+            bar,
+        }
+    }
+
+    /// The size being measured, on the progress line.
     fn progress(&self, msg: &str) {
-        if self.tty && !self.final_only {
-            eprint!("\r\x1b[2K{msg}");
-            let _ = std::io::stderr().flush();
+        if let Some(bar) = &self.bar {
+            bar.set_message(msg.to_string());
+        }
+    }
+
+    /// Prints a line of results without tearing the progress line.
+    fn print(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| println!("{line}")),
+            None => println!("{line}"),
         }
     }
 
@@ -336,17 +368,20 @@ impl Output {
     }
 
     fn row(&self, row: &Row) {
-        if self.tty && !self.final_only {
-            eprint!("\r\x1b[2K");
-        }
         match self.format {
-            Format::Table => println!("{}", report::table_row(row)),
-            Format::Csv => println!("{}", report::csv_row(row)),
+            Format::Table => self.print(&report::table_row(row)),
+            Format::Csv => self.print(&report::csv_row(row)),
             Format::Json => {}
+        }
+        if let Some(bar) = &self.bar {
+            bar.inc(1);
         }
     }
 
     fn finish(&self, rows: &[Row]) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
         if self.format == Format::Json {
             match serde_json::to_string_pretty(rows) {
                 Ok(json) => println!("{json}"),
@@ -358,11 +393,12 @@ impl Output {
 
 fn main_result(args: Args) -> Result<()> {
     let params = params_from(&args)?;
-    let out = Output {
-        format: format_of(&args)?,
-        final_only: args.final_only,
-        tty: std::io::stdout().is_terminal(),
-    };
+    if args.plot.is_some() && args.listen {
+        return Err(PerfError::Usage(
+            "--plot draws the client's results; give it to the client, not to --listen".into(),
+        ));
+    }
+    let out = Output::new(format_of(&args)?, args.final_only, params.sizes.len());
     let reg = Registry::global();
     if args.listen {
         if args.host.is_some() {
@@ -424,6 +460,45 @@ fn main_result(args: Args) -> Result<()> {
     out.header(&session.params);
     let rows = run_sizes(session, Some(&out))?;
     out.finish(&rows);
+    if let Some(path) = &args.plot {
+        plot(path, &params, &rows)?;
+    }
+    Ok(())
+}
+
+/// `--plot`: bandwidth and latency against size, one SVG.
+fn plot(path: &std::path::Path, params: &Params, rows: &[Row]) -> Result<()> {
+    let points = |f: fn(&Row) -> f64| rows.iter().map(|r| (r.size as u64, f(r))).collect();
+    let series = |name: &str, points| Series {
+        name: name.to_string(),
+        points,
+        reference: false,
+        group: 0,
+    };
+    let bandwidth = Panel {
+        title: "bandwidth".into(),
+        y_label: "MiB/s".into(),
+        series: vec![series("MiB/s", points(|r| r.bandwidth_mib_s))],
+    };
+    let latency = Panel {
+        title: if params.test.is_latency() {
+            "latency, p50 (one way)".into()
+        } else {
+            "time per operation, p50".into()
+        },
+        y_label: "us".into(),
+        series: vec![series("p50 us", points(|r| r.latency_p50_us))],
+    };
+    let title = format!(
+        "perftest: {} over {}, memory {} -> {}",
+        params.test.name(),
+        params.transport,
+        params.mem_send,
+        params.mem_recv
+    );
+    tools::plot::draw(path, &title, &[bandwidth, latency], 1)
+        .map_err(|e| PerfError::Usage(e.to_string()))?;
+    eprintln!("perftest: wrote the plot {}", path.display());
     Ok(())
 }
 
