@@ -10,6 +10,8 @@ use std::collections::VecDeque;
 use std::io::ErrorKind;
 use std::net::{IpAddr, Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uct_core::{Completion, UctError};
@@ -55,6 +57,9 @@ pub struct Conn {
     /// Writes that took bytes, counted: the iface sends held-back ACKs
     /// after it wrote something (`Link::idle`).
     writes: u64,
+    /// The iface's activity counter, bumped when a frame is queued, so
+    /// that its next progress call scans its links (`quiet.rs`).
+    activity: Option<Arc<AtomicU64>>,
 }
 
 impl Conn {
@@ -95,7 +100,13 @@ impl Conn {
             peer_ip: peer_addr.map(|a| a.ip()),
             ack_owed: false,
             writes: 0,
+            activity: None,
         })
+    }
+
+    /// Counts the frames this connection queues in the iface's `activity`.
+    pub fn report_activity_to(&mut self, activity: Arc<AtomicU64>) {
+        self.activity = Some(activity);
     }
 
     /// The socket, for readiness polling.
@@ -147,6 +158,9 @@ impl Conn {
 
     /// Notes that a frame joins the queue.
     fn enqueue(&mut self, outgoing: Outgoing) {
+        if let Some(activity) = &self.activity {
+            activity.fetch_add(1, Ordering::Release);
+        }
         if self.sendq.is_empty() {
             self.last_sent = Instant::now();
         }
@@ -442,6 +456,9 @@ impl Conn {
         self.last_sent = Instant::now();
         self.ack_owed = false;
         self.writes = self.writes.wrapping_add(1);
+        if let Some(activity) = &self.activity {
+            activity.fetch_add(1, Ordering::Release);
+        }
     }
 
     /// Writes that took bytes so far (wrapping).

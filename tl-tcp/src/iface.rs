@@ -12,7 +12,8 @@
 
 use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr, TcpListener};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,7 @@ use crate::dial::dial;
 use crate::ep::TcpEp;
 use crate::hello::Role;
 use crate::link::{Link, Timeouts};
+use crate::quiet::Quiet;
 use crate::wire::Header;
 
 pub(crate) const MAX_SHORT: usize = 8 * 1024;
@@ -52,6 +54,8 @@ pub(crate) type Links = Arc<Mutex<Vec<Arc<Mutex<Link>>>>>;
 /// What an endpoint needs to connect, now or later.
 pub(crate) struct Connector {
     links: Links,
+    /// The iface's activity counter (`quiet.rs`), for new connections.
+    activity: Arc<AtomicU64>,
     timeouts: Timeouts,
     /// This iface: where it listens, and its cookie, announced in the
     /// Hello of new connections.
@@ -83,6 +87,7 @@ impl Connector {
         }
         let stream = dial(self.ip, to.sock, CONNECT_TIMEOUT)?;
         let mut conn = Conn::new(stream, MAX_FRAME_DATA, self.timeouts.peer)?;
+        conn.report_activity_to(self.activity.clone());
         let hello = Header::Hello {
             addr: ip_bytes(self.ip),
             port: self.port,
@@ -163,6 +168,10 @@ pub struct TcpIface {
     /// changed, this side wrote something since, and idle links send the
     /// ACKs they held back.
     writes: u64,
+    /// Whether a progress call may skip the scan of the links.
+    quiet: Quiet,
+    /// Reused by progress: each link's socket and id, for `quiet`.
+    socks: Vec<(RawFd, u64)>,
 }
 
 impl TcpIface {
@@ -177,6 +186,7 @@ impl TcpIface {
         listener
             .set_nonblocking(true)
             .map_err(|e| UctError::io("tcp: set non-blocking", e))?;
+        let quiet = Quiet::new(listener.as_raw_fd());
         Ok(TcpIface {
             dev,
             listener,
@@ -195,6 +205,8 @@ impl TcpIface {
             connected: Vec::new(),
             arrivals: Arrivals::default(),
             writes: 0,
+            quiet,
+            socks: Vec::new(),
         })
     }
 
@@ -205,6 +217,7 @@ impl TcpIface {
     fn connector(&self) -> Connector {
         Connector {
             links: self.links.clone(),
+            activity: self.quiet.activity(),
             timeouts: self.settings.timeouts,
             ip: self.dev.addr,
             port: self.port(),
@@ -233,7 +246,8 @@ impl TcpIface {
                         continue;
                     }
                     match Conn::new(stream, MAX_FRAME_DATA, self.settings.timeouts.peer) {
-                        Ok(conn) => {
+                        Ok(mut conn) => {
+                            conn.report_activity_to(self.quiet.activity());
                             log::debug!("tcp {}: accepted {peer}", self.dev.name);
                             let role = Role::AwaitingHello(Instant::now());
                             let link = Link::new(conn, role, self.cookie, self.settings.timeouts);
@@ -376,6 +390,10 @@ impl Iface for TcpIface {
     }
 
     fn progress(&mut self) -> usize {
+        if self.quiet.idle() {
+            return 0;
+        }
+        self.quiet.scan_begins();
         // One poll() over the listener and every link; only ready sockets
         // (and links reading a large put) are touched.
         let mut links = std::mem::take(&mut self.polled);
@@ -404,16 +422,27 @@ impl Iface for TcpIface {
         let connected = &mut self.connected;
         connected.clear();
         let mut writes = 0u64;
+        let socks = &mut self.socks;
+        socks.clear();
+        let mut hot = false;
         for link in &links {
             let state = link.lock().unwrap_or_else(|p| p.into_inner());
             if let Role::Dialled(peer) = state.role {
                 connected.push(peer);
             }
-            pfds.push(state.poll_fd().unwrap_or(libc::pollfd {
+            let pfd = state.poll_fd().unwrap_or(libc::pollfd {
                 fd: -1,
                 events: 0,
                 revents: 0,
-            }));
+            });
+            // Frames waiting for room, a large put being read, a budget
+            // spent, a link waiting for us to connect back: the next call
+            // must look again.
+            hot |= pfd.events & libc::POLLOUT != 0
+                || state.wants_progress()
+                || state.waiting_back_since().is_some();
+            socks.push((pfd.fd, state.id));
+            pfds.push(pfd);
             reading.push(state.wants_progress());
             writes = writes.wrapping_add(state.conn.writes());
         }
@@ -433,6 +462,7 @@ impl Iface for TcpIface {
             } else {
                 state.idle(wrote);
             }
+            hot |= state.wants_progress() || state.conn.wants_write();
             drop(state);
             // Outside the link's lock: a handler may send on the same link.
             self.arrivals.deliver(&mut self.handlers, &mut self.imm);
@@ -440,6 +470,9 @@ impl Iface for TcpIface {
         if ready > 0 && self.pfds[0].revents != 0 {
             events += self.accept_new();
         }
+        // A call that did something, or left a link with work, is followed
+        // by a full scan.
+        self.quiet.scan_ends(&self.socks, hot || events > 0);
         links.clear();
         self.polled = links;
         events

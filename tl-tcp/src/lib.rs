@@ -38,6 +38,7 @@ mod link;
 mod md;
 mod outgoing;
 mod pending;
+mod quiet;
 mod sockopt;
 pub mod wire;
 

@@ -140,12 +140,19 @@ pub(crate) struct Link {
     /// Since when the peer's next request, a put with immediate data,
     /// waits for this iface to connect to the peer (module documentation).
     waiting_back: Option<Instant>,
+    /// Unique in the process (never 0).
+    pub(crate) id: u64,
 }
+
+/// Ids of links, never reused in a process (the idle fast path tells a
+/// new link from an old one whose socket number it got).
+static NEXT_LINK_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Link {
     pub(crate) fn new(conn: Conn, role: Role, cookie: u64, timeouts: Timeouts) -> Link {
         let now = Instant::now();
         Link {
+            id: NEXT_LINK_ID.fetch_add(1, Ordering::Relaxed),
             conn,
             role,
             cookie,

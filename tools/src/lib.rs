@@ -4,5 +4,6 @@
 pub mod info;
 pub mod perf;
 pub mod plot;
+pub mod scale;
 pub mod text;
 pub mod transfer_bench;

@@ -1,6 +1,7 @@
 //! uct-stress: bounded stress runs for the shell suites (test-suite/shell):
 //! memory alloc/export/register cycles with an fd count before and after,
-//! many endpoints on one iface, each checked. Long transfers are perftest's.
+//! many endpoints on one iface, each checked; how cost grows with the
+//! number of peers (`scale`). Long transfers are perftest's.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,7 @@ use uct_core::{
 #[command(
     name = "uct-stress",
     about = "Bounded stress runs: memory cycles and many endpoints, each checked; exit 0 when every check held",
-    after_help = "Examples:\n  uct-stress mem-cycles --md gaudi0 --count 500       alloc, DMA-buf query, free (fds counted)\n  uct-stress mem-cycles --md gaudi0 --nic rc          ... and register each with the NIC\n  uct-stress endpoints -t tcp -d lo --count 64        64 endpoints to one iface, a put on each"
+    after_help = "Examples:\n  uct-stress mem-cycles --md gaudi0 --count 500       alloc, DMA-buf query, free (fds counted)\n  uct-stress mem-cycles --md gaudi0 --nic rc          ... and register each with the NIC\n  uct-stress endpoints -t tcp -d lo --count 64        64 endpoints to one iface, a put on each\n  uct-stress scale -t posix --endpoints 1,8,64,256    cost per peer at 1..256 peers (--json for JSON)"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -50,6 +51,32 @@ enum Cmd {
         device: Option<String>,
         #[arg(long, default_value_t = 64)]
         count: usize,
+    },
+    /// How cost grows with peers: for each count N, a hub iface connects
+    /// one endpoint to each of N peer ifaces (one endpoint per peer, as on
+    /// a cluster), all in this process (self reaches no other); prints the
+    /// setup time and resident memory per peer, one hub progress() with
+    /// every endpoint idle (median), and the rate of 8 B active messages
+    /// round-robin over the endpoints (docs/scale.md). Rows go to stdout
+    /// as they are measured; with --json, a JSON array at the end and each
+    /// row on stderr as it is measured.
+    Scale {
+        #[arg(short = 't', long = "transport")]
+        transport: String,
+        #[arg(short = 'd', long = "device")]
+        device: Option<String>,
+        /// Endpoint counts, comma-separated.
+        #[arg(long, default_value = "1,8,64,256", value_delimiter = ',')]
+        endpoints: Vec<usize>,
+        /// Messages per rate measurement.
+        #[arg(long, default_value_t = 200_000)]
+        messages: u64,
+        /// Progress calls per timed batch (the median of 5 batches).
+        #[arg(long, default_value_t = 100_000)]
+        progress_calls: u64,
+        /// Print the rows as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -349,6 +376,55 @@ fn endpoints(transport: &str, device: Option<&str>, count: usize) -> Result<Stri
     ))
 }
 
+fn scale(params: tools::scale::ScaleParams, json: bool) -> Result<String, String> {
+    if !json {
+        println!(
+            "{:>10} {:>9} {:>12} {:>11} {:>14} {:>16} {:>16} {:>12}",
+            "transport",
+            "endpoints",
+            "setup us/ep",
+            "RSS KiB/ep",
+            "peer iface us",
+            "peer iface KiB",
+            "idle progress ns",
+            "8 B msg/s"
+        );
+    }
+    let rows = tools::scale::run(&params, |row| {
+        if json {
+            eprintln!(
+                "scale: {} {} endpoints: setup {:.1} us/ep, {:.1} KiB/ep, idle progress {:.1} ns, {:.0} msg/s",
+                row.transport,
+                row.endpoints,
+                row.setup_us_per_endpoint,
+                row.rss_kib_per_endpoint,
+                row.idle_progress_ns,
+                row.msg_rate
+            );
+        } else {
+            println!(
+                "{:>10} {:>9} {:>12.1} {:>11.1} {:>14.1} {:>16.1} {:>16.1} {:>12.0}",
+                row.transport,
+                row.endpoints,
+                row.setup_us_per_endpoint,
+                row.rss_kib_per_endpoint,
+                row.peer_iface_us,
+                row.peer_iface_rss_kib,
+                row.idle_progress_ns,
+                row.msg_rate
+            );
+        }
+    })?;
+    if json {
+        return serde_json::to_string_pretty(&rows).map_err(|e| e.to_string());
+    }
+    Ok(format!(
+        "scale: {} over {} endpoint counts measured",
+        params.transport,
+        rows.len()
+    ))
+}
+
 fn main() {
     uct_builtins::link();
     uct_core::logging::init();
@@ -365,6 +441,23 @@ fn main() {
             device,
             count,
         } => endpoints(&transport, device.as_deref(), count),
+        Cmd::Scale {
+            transport,
+            device,
+            endpoints,
+            messages,
+            progress_calls,
+            json,
+        } => scale(
+            tools::scale::ScaleParams {
+                transport,
+                device,
+                counts: endpoints,
+                messages,
+                progress_calls,
+            },
+            json,
+        ),
     };
     match outcome {
         Ok(line) => println!("{line}"),
