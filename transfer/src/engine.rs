@@ -194,6 +194,12 @@ pub(crate) struct Engine {
     turns: u32,
 }
 
+/// What is left of an engine taken out of service.
+pub(crate) struct Teardown {
+    pub iface: Box<dyn Iface>,
+    pub notices: Vec<(Completion, Completion, u32, usize)>,
+}
+
 /// Transports whose put completes once it has landed at the peer: rc (the
 /// NIC's completion follows the peer's acknowledgement) and those that
 /// write the peer's memory in the call (self, posix, cma). Every other
@@ -207,6 +213,9 @@ const REMOTE_COMPLETION: [&str; 4] = ["rc", "self", "posix", "cma"];
 const CHECK_EVERY: u32 = 64;
 
 impl Engine {
+    /// The engine of one connection; `in_flight` counts its operations
+    /// (the Transport's for a single rail, the rail's own for one of
+    /// several).
     pub(crate) fn new(
         ep: Box<dyn Endpoint>,
         iface: Box<dyn Iface>,
@@ -214,9 +223,9 @@ impl Engine {
         target: RegTarget,
         peer_token: u64,
         shared: &crate::shared::Shared,
+        in_flight: Arc<AtomicUsize>,
     ) -> Engine {
-        let (in_flight, depth, max_piece) =
-            (shared.in_flight.clone(), shared.depth, shared.max_piece);
+        let (depth, max_piece) = (shared.depth, shared.max_piece);
         let attrs = iface.attrs().clone();
         let transport = iface.transport().to_string();
         let flush_each = !REMOTE_COMPLETION.contains(&transport.as_str());
@@ -272,6 +281,51 @@ impl Engine {
         }
         self.queue.push_back(op);
         self.pump();
+    }
+
+    /// Queues an operation of a rail (counted by the rails) and posts what
+    /// may be posted.
+    pub(crate) fn enqueue(&mut self, op: Op) {
+        self.queue.push_back(op);
+        self.pump();
+    }
+
+    /// Queues the notification of a write whose stripes finish `landed`:
+    /// sent in order with this engine's other notifications once `landed`
+    /// is complete; `op` (started by the caller) finishes when it is sent.
+    pub(crate) fn queue_notice(&mut self, landed: Completion, op: Completion, tag: u32, len: usize) {
+        self.notices.push_back(Notice {
+            landed,
+            op,
+            tag,
+            len,
+        });
+        self.send_notices();
+    }
+
+    /// Whether the endpoint still reaches its peer.
+    pub(crate) fn check(&mut self) -> std::result::Result<(), UctError> {
+        self.ep.check()
+    }
+
+    /// Takes the connection out of service: its queued operations end with
+    /// `err`, its endpoint closes (nothing touches their memory any more),
+    /// and what is left is its iface (which still receives what the peer
+    /// sends) and its notifications not sent yet, as (landed, op, tag, len).
+    pub(crate) fn teardown(mut self, err: &UctError) -> Teardown {
+        let notices = self
+            .notices
+            .drain(..)
+            .map(|n| (n.landed, n.op, n.tag, n.len))
+            .collect();
+        for op in self.queue.drain(..) {
+            op.comp.finish(Err(err.clone()));
+        }
+        drop(self.ep);
+        Teardown {
+            iface: self.iface,
+            notices,
+        }
     }
 
     /// Posts queued operations in order while the transport accepts them

@@ -1,9 +1,15 @@
 //! Remote keys as strings, and the remote buffers read back from them.
 //!
-//! `uctkey:v1:<base hex>:<len>:<rights hex>:<memory type>:<rkey bundle hex>#<check>`
+//! `uctkey:v2:<base hex>:<len>:<rights hex>:<memory type>:<rail 0 bundle hex>,<rail 1 bundle hex>,...#<check>`
 //!
-//! The bundle holds one packed rkey per memory domain the memory was
-//! registered with; the writer picks the entry of its own transport. A key
+//! One rkey bundle per rail of the Transport that registered the memory
+//! (version 2; version 1 had one bundle and no rails, and is refused by
+//! name). Each bundle holds one packed rkey per memory domain that rail's
+//! memory was registered with (before connect, one per candidate
+//! transport); the writer picks, on each of its rails, the entry of that
+//! rail's transport. A key of another rail count than the writer's
+//! connection is refused by name: the two sides connect only with the same
+//! rails, so such a key is another Transport's. A key
 //! comes from the peer: parsing checks everything and never panics, and the
 //! peer's transport checks every access against the registration anyway
 //! (a forged or stale key is refused there).
@@ -16,12 +22,16 @@ use crate::error::{Result, TransferError};
 use crate::text::{check, hex, unhex, verified};
 
 /// The format version of keys this build writes and reads.
-pub const KEY_VERSION: u32 = 1;
+pub const KEY_VERSION: u32 = 2;
 
 const PREFIX: &str = "uctkey:";
 
-/// Longest key read: a bundle is at most 64 KiB, twice that in hex.
-const MAX_KEY: usize = 2 * uct_core::rkey::RKEY_MAX_BYTES + 256;
+/// The most rails a key (and a Transport) has.
+pub const MAX_RAILS: usize = 16;
+
+/// Longest key read: the bundles of every rail together are at most
+/// 64 KiB, twice that in hex.
+const MAX_KEY: usize = 2 * uct_core::rkey::RKEY_MAX_BYTES + 256 + MAX_RAILS;
 
 /// Writes the key of a registered region.
 pub(crate) fn format(
@@ -29,30 +39,35 @@ pub(crate) fn format(
     len: usize,
     access: Access,
     mem_type: MemoryType,
-    bundle: &[u8],
+    rails: &[Vec<u8>],
 ) -> String {
+    let bundles: Vec<String> = rails.iter().map(|b| hex(b)).collect();
     let body = format!(
         "{PREFIX}v{KEY_VERSION}:{base:x}:{len}:{:x}:{}:{}",
         access.bits(),
         mem_type.name(),
-        hex(bundle)
+        bundles.join(",")
     );
     let sum = check(&body);
     format!("{body}#{sum}")
 }
 
+/// A key unpacked for (rail, memory domain).
+type Unpacked = ((usize, String), Arc<RemoteKey>);
+
 struct Key {
     base: u64,
     access: Access,
     mem_type: MemoryType,
-    bundle: RkeyBundle,
+    /// One bundle per rail.
+    rails: Vec<RkeyBundle>,
     text: String,
-    /// The key unpacked for the first memory domain that used it: a
-    /// buffer is typically written through one transport, over and over,
+    /// The key unpacked for the first (rail, memory domain) that used it:
+    /// a buffer is typically written through one transport, over and over,
     /// and this is read without a lock.
-    first: OnceLock<(String, Arc<RemoteKey>)>,
-    /// Keys unpacked for other memory domains, by name.
-    unpacked: Mutex<Vec<(String, Arc<RemoteKey>)>>,
+    first: OnceLock<Unpacked>,
+    /// Keys unpacked for other rails and memory domains.
+    unpacked: Mutex<Vec<Unpacked>>,
 }
 
 /// A peer's registered memory, or a slice of it, as its remote key
@@ -104,7 +119,7 @@ impl RemoteBuffer {
         }
         let body = verified(key).map_err(|why| bad(format!("truncated or altered: {why}")))?;
         let fields: Vec<&str> = body[PREFIX.len()..].split(':').collect();
-        let [_, base, len, access, mem_type, bundle] = fields[..] else {
+        let [_, base, len, access, mem_type, bundles] = fields[..] else {
             return Err(bad(format!("{} fields, not 6", fields.len())));
         };
         let base = u64::from_str_radix(base, 16).map_err(|_| bad("its base is not hex".into()))?;
@@ -119,14 +134,27 @@ impl RemoteBuffer {
             .and_then(Access::from_bits)
             .ok_or_else(|| bad("its rights are not known rights".into()))?;
         let mem_type = MemoryType::parse(mem_type).map_err(|e| bad(e.to_string()))?;
-        let bytes = unhex(bundle).ok_or_else(|| bad("its rkey bundle is not hex".into()))?;
-        let bundle = RkeyBundle::unpack(&bytes).map_err(|e| bad(e.to_string()))?;
+        let bundles: Vec<&str> = bundles.split(',').collect();
+        if bundles.len() > MAX_RAILS {
+            return Err(bad(format!(
+                "it carries {} rails, more than the {MAX_RAILS} a Transport may have",
+                bundles.len()
+            )));
+        }
+        let mut rails = Vec::with_capacity(bundles.len());
+        for (i, b) in bundles.iter().enumerate() {
+            let bytes =
+                unhex(b).ok_or_else(|| bad(format!("its rail {i} rkey bundle is not hex")))?;
+            let bundle = RkeyBundle::unpack(&bytes)
+                .map_err(|e| bad(format!("its rail {i} rkey bundle: {e}")))?;
+            rails.push(bundle);
+        }
         Ok(RemoteBuffer {
             key: Arc::new(Key {
                 base,
                 access,
                 mem_type,
-                bundle,
+                rails,
                 text: key.to_string(),
                 first: OnceLock::new(),
                 unpacked: Mutex::new(Vec::new()),
@@ -184,20 +212,48 @@ impl RemoteBuffer {
         &self.key.text
     }
 
-    /// The rkey for memory domain `md` of `component`: the entry that MD
-    /// packed, or, across hosts whose NICs have other names, the entry of
-    /// the same component.
-    pub(crate) fn rkey_for(&self, component: &str, md: &str) -> Result<Arc<RemoteKey>> {
-        if let Some((m, k)) = self.key.first.get() {
-            if m == md {
+    /// The rails the key carries (the Transport that registered the
+    /// memory had that many).
+    pub fn rails(&self) -> usize {
+        self.key.rails.len()
+    }
+
+    /// The rkey for memory domain `md` of `component` on `rail` of a
+    /// connection of `rails` rails: the entry that MD packed, or, across
+    /// hosts whose NICs have other names, the entry of the same component.
+    /// A key of another rail count is refused by name.
+    pub(crate) fn rkey_for(
+        &self,
+        rail: usize,
+        rails: usize,
+        component: &str,
+        md: &str,
+    ) -> Result<Arc<RemoteKey>> {
+        if self.key.rails.len() != rails {
+            return Err(TransferError::BadKey {
+                why: format!(
+                    "it carries {} rail(s), and this connection has {rails}: it was registered with another Transport; register the memory with the Transport the peer connected to",
+                    self.key.rails.len()
+                ),
+            });
+        }
+        if let Some(((r, m), k)) = self.key.first.get() {
+            if *r == rail && m == md {
                 return Ok(k.clone());
             }
         }
         let mut cache = self.key.unpacked.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, k)) = cache.iter().find(|(m, _)| m == md) {
+        if let Some((_, k)) = cache.iter().find(|((r, m), _)| *r == rail && m == md) {
             return Ok(k.clone());
         }
-        let entries = self.key.bundle.entries();
+        let entries = self
+            .key
+            .rails
+            .get(rail)
+            .ok_or_else(|| TransferError::BadKey {
+                why: format!("it has no rail {rail}"),
+            })?
+            .entries();
         let entry = entries
             .iter()
             .find(|e| e.md == md && e.component == component)
@@ -219,8 +275,13 @@ impl RemoteBuffer {
             comp.unpack_rkey(entry)
                 .map_err(|e| TransferError::BadKey { why: e.to_string() })?,
         );
-        if self.key.first.set((md.to_string(), rkey.clone())).is_err() {
-            cache.push((md.to_string(), rkey.clone()));
+        if self
+            .key
+            .first
+            .set(((rail, md.to_string()), rkey.clone()))
+            .is_err()
+        {
+            cache.push(((rail, md.to_string()), rkey.clone()));
         }
         Ok(rkey)
     }
@@ -243,7 +304,8 @@ mod tests {
 
     #[test]
     fn a_key_round_trips_and_slices_are_bounded() {
-        let key = format(0x1000, 4096, Access::all(), MemoryType::Host, &bundle());
+        let key = format(0x1000, 4096, Access::all(), MemoryType::Host, &[bundle()]);
+        assert_eq!(RemoteBuffer::parse(&key).unwrap().rails(), 1);
         let remote = RemoteBuffer::parse(&key).unwrap();
         assert_eq!((remote.addr(), remote.len()), (0x1000, 4096));
         assert_eq!(remote.access(), Access::all());
@@ -265,23 +327,54 @@ mod tests {
 
     #[test]
     fn wrong_keys_are_refused_by_name() {
-        let key = format(0x1000, 4096, Access::all(), MemoryType::Host, &bundle());
+        let key = format(0x1000, 4096, Access::all(), MemoryType::Host, &[bundle()]);
         let why = |s: &str| match RemoteBuffer::parse(s) {
             Err(TransferError::BadKey { why }) => why,
             other => panic!("{s:?}: {other:?}"),
         };
         assert!(why("garbage").contains("does not start"));
-        assert!(why(&key.replacen("v1", "v7", 1)).contains("version 7"));
+        assert!(why(&key.replacen("v2", "v7", 1)).contains("version 7"));
+        // A version 1 key (one bundle, no rails) is named as such.
+        let body = format!("{PREFIX}v1:1000:4096:1f:host:{}", hex(&bundle()));
+        assert!(why(&format!("{body}#{}", check(&body))).contains("format version 1"));
         for cut in PREFIX.len()..key.len() {
             let w = why(&key[..cut]);
             assert!(w.contains("truncated"), "cut at {cut}: {w}");
         }
         assert!(why(&key.replacen(":1000:", ":1001:", 1)).contains("altered"));
-        let body = format!("{PREFIX}v1:ffffffffffffffff:2:1f:host:00");
+        let body = format!("{PREFIX}v2:ffffffffffffffff:2:1f:host:00");
         assert!(why(&format!("{body}#{}", check(&body))).contains("overflows"));
-        let body = format!("{PREFIX}v1:0:2:ff:host:00");
+        let body = format!("{PREFIX}v2:0:2:ff:host:00");
         assert!(why(&format!("{body}#{}", check(&body))).contains("rights"));
-        let body = format!("{PREFIX}v1:0:2:1f:host:00");
-        assert!(why(&format!("{body}#{}", check(&body))).contains("rkey"));
+        let body = format!("{PREFIX}v2:0:2:1f:host:00");
+        assert!(why(&format!("{body}#{}", check(&body))).contains("rail 0 rkey"));
+    }
+
+    #[test]
+    fn rails_of_a_key_are_bounded_and_each_is_checked() {
+        let b = hex(&bundle());
+        let why = |body: String| match RemoteBuffer::parse(&format!("{body}#{}", check(&body))) {
+            Err(TransferError::BadKey { why }) => why,
+            other => panic!("{body:?}: {other:?}"),
+        };
+        let two = format!("{PREFIX}v2:1000:64:1f:host:{b},{b}");
+        let remote = RemoteBuffer::parse(&format!("{two}#{}", check(&two))).unwrap();
+        assert_eq!(remote.rails(), 2);
+        // Another rail count than the connection's is refused by name.
+        let w = match remote.rkey_for(0, 1, "self", "self") {
+            Err(TransferError::BadKey { why }) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(w.contains("2 rail(s)") && w.contains("has 1"), "{w}");
+        // With the same rail count, rail 1's entry is unpacked (this
+        // payload is not a real self rkey: its refusal is the component's).
+        if let Err(e) = remote.rkey_for(1, 2, "self", "self") {
+            assert!(!e.to_string().contains("rail(s)"), "{e}");
+        }
+        let many = vec![b.clone(); MAX_RAILS + 1].join(",");
+        assert!(why(format!("{PREFIX}v2:1000:64:1f:host:{many}")).contains("17 rails"));
+        assert!(why(format!("{PREFIX}v2:1000:64:1f:host:{b},zz")).contains("rail 1 rkey bundle is not hex"));
+        assert!(why(format!("{PREFIX}v2:1000:64:1f:host:{b},")).contains("rail 1 rkey"));
+        assert!(why(format!("{PREFIX}v2:1000:64:1f:host:{b},0102")).contains("rail 1 rkey"));
     }
 }

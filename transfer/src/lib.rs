@@ -57,19 +57,23 @@ mod key;
 mod memory;
 mod ops;
 mod progress;
+mod rails;
 mod select;
 mod shared;
 mod stats;
+mod stripe;
 mod text;
 mod transport;
 mod url;
 
 pub use error::{Result, TransferError};
-pub use key::{RemoteBuffer, KEY_VERSION};
+pub use key::{RemoteBuffer, KEY_VERSION, MAX_RAILS};
 pub use memory::{Memory, View};
 pub use ops::{Notification, OpFuture, WaitForWrite};
 pub use select::{Probe, AUTO_ORDER};
-pub use stats::Stats;
-pub use transport::{BatchWrite, Builder, Progress, Transport, DEFAULT_DEPTH};
+pub use stats::{RailStats, Stats};
+pub use transport::{
+    BatchWrite, Builder, Progress, Transport, DEFAULT_DEPTH, DEFAULT_STRIPE_MIN,
+};
 pub use uct_core::{Access, MemHandle, MemoryType};
 pub use url::URL_VERSION;

@@ -80,6 +80,24 @@ fn refusal(target: &RegTarget, mem_type: MemoryType) -> Option<String> {
     ))
 }
 
+/// Whether two memory domains are the same object (the rails of one
+/// transport may share one: tcp's is uct-core's host MD).
+fn same_md(a: &Arc<dyn MemoryDomain>, b: &Arc<dyn MemoryDomain>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+}
+
+/// The targets with one of each memory domain: memory is registered once
+/// per memory domain, whatever the rails that share it.
+fn unique(targets: &[RegTarget]) -> Vec<RegTarget> {
+    let mut out: Vec<RegTarget> = Vec::with_capacity(targets.len());
+    for t in targets {
+        if !out.iter().any(|o| same_md(&o.md, &t.md)) {
+            out.push(t.clone());
+        }
+    }
+    out
+}
+
 fn check_reachable(targets: &[RegTarget], mem_type: MemoryType) -> Result<()> {
     for t in targets {
         if let Some(why) = refusal(t, mem_type) {
@@ -109,15 +127,16 @@ impl Memory {
                 "a registration of 0 bytes; ask for at least 1".into(),
             ));
         }
-        let targets = transport.reg_targets()?;
-        check_reachable(&targets, mem_type)?;
+        let all = transport.reg_targets()?;
+        check_reachable(&all, mem_type)?;
+        let targets = unique(&all);
         let access = access | Access::LOCAL_READ | Access::LOCAL_WRITE;
         if !mem_type.is_host_accessible() {
             // Device memory: the device's MD allocates, the transports'
             // MDs register it (a NIC imports its DMA-buf).
             let owner = transport.device_md(mem_type)?;
             let dev = owner.alloc(len, mem_type, access)?;
-            return Memory::from_handle(&targets, dev, access);
+            return Memory::from_handle(&all, dev, access);
         }
         // Host memory: the first MD that allocates (posix needs its own
         // shared memory), registered by address with the others.
@@ -151,14 +170,14 @@ impl Memory {
             // The allocation must outlive the registrations of its bytes:
             // move it last.
             regs.rotate_left(1);
-            return Memory::build(regs, base, len, MemoryType::Host, access, None, None);
+            return Memory::build(&all, regs, base, len, MemoryType::Host, access, None, None);
         }
         let host = HostAlloc::new(len)?;
         // SAFETY: `host` is kept in Inner and dropped after the
         // registrations.
         let regs = unsafe { register_all(&targets, host.as_ptr(), len, access) }?;
         let base = host.as_ptr() as u64;
-        Memory::build(regs, base, len, MemoryType::Host, access, None, Some(host))
+        Memory::build(&all, regs, base, len, MemoryType::Host, access, None, Some(host))
     }
 
     /// Registers host memory the application owns.
@@ -188,8 +207,9 @@ impl Memory {
                 "a registration of {len} bytes at {ptr:p} runs past the end of the address space; pass the length of the allocation"
             )));
         }
-        let targets = transport.reg_targets()?;
-        check_reachable(&targets, MemoryType::Host)?;
+        let all = transport.reg_targets()?;
+        check_reachable(&all, MemoryType::Host)?;
+        let targets = unique(&all);
         let access = access | Access::LOCAL_READ | Access::LOCAL_WRITE;
         if let Some(t) = targets
             .iter()
@@ -203,7 +223,7 @@ impl Memory {
         }
         // SAFETY: the caller keeps the bytes alive as documented above.
         let regs = unsafe { register_all(&targets, ptr, len, access) }?;
-        Memory::build(regs, ptr as u64, len, MemoryType::Host, access, None, None)
+        Memory::build(&all, regs, ptr as u64, len, MemoryType::Host, access, None, None)
     }
 
     /// What memory `[ptr, ptr + len)` is, and the memory domain that told:
@@ -271,9 +291,10 @@ impl Memory {
         Memory::from_handle(&targets, mem.clone(), access)
     }
 
-    fn from_handle(targets: &[RegTarget], mem: MemHandle, access: Access) -> Result<Memory> {
+    fn from_handle(all: &[RegTarget], mem: MemHandle, access: Access) -> Result<Memory> {
+        let targets = unique(all);
         let mut regs = Vec::with_capacity(targets.len());
-        for t in targets {
+        for t in &targets {
             let handle = if t.md.name() == mem.md_name() {
                 mem.clone()
             } else {
@@ -291,13 +312,19 @@ impl Memory {
             });
         }
         let (base, len, mem_type) = (mem.addr(), mem.len(), mem.mem_type());
-        Memory::build(regs, base, len, mem_type, access, Some(mem), None)
+        Memory::build(all, regs, base, len, mem_type, access, Some(mem), None)
     }
 
-    /// The Memory of `regs`, with its remote key. A registration whose
-    /// rkey cannot be packed fails the whole registration, naming the MD:
-    /// a key missing an entry would fail only at the peer's first write.
+    /// The Memory of `regs` (one per memory domain of `targets`), with its
+    /// remote key: one bundle per rail, of the registrations of that
+    /// rail's targets. A registration whose rkey cannot be packed fails
+    /// the whole registration, naming the MD: a key missing an entry would
+    /// fail only at the peer's first write.
+    // The parts of a Memory, each needed: a struct for them would be
+    // built in one place only.
+    #[allow(clippy::too_many_arguments)]
     fn build(
+        targets: &[RegTarget],
         regs: Vec<Registration>,
         base: u64,
         len: usize,
@@ -309,18 +336,25 @@ impl Memory {
         if regs.is_empty() {
             return Err(TransferError::Closed);
         }
-        let mut bundle = RkeyBundle::new();
-        for r in &regs {
-            r.md.pack_rkey(&r.handle)
-                .and_then(|e| bundle.push(e))
-                .map_err(|e| {
-                    TransferError::MemoryType(format!(
-                        "memory domain {} cannot pack a remote key for this memory: {e}",
-                        r.md.name()
-                    ))
-                })?;
+        let rails = targets.iter().map(|t| t.rail + 1).max().unwrap_or(1);
+        let mut packed = Vec::with_capacity(rails);
+        for rail in 0..rails {
+            let mut bundle = RkeyBundle::new();
+            for t in targets.iter().filter(|t| t.rail == rail) {
+                let Some(r) = regs.iter().find(|r| same_md(&r.md, &t.md)) else {
+                    continue;
+                };
+                r.md.pack_rkey(&r.handle)
+                    .and_then(|e| bundle.push(e))
+                    .map_err(|e| {
+                        TransferError::MemoryType(format!(
+                            "memory domain {} cannot pack a remote key for this memory: {e}",
+                            r.md.name()
+                        ))
+                    })?;
+            }
+            packed.push(bundle.pack()?);
         }
-        let packed = bundle.pack()?;
         let key = crate::key::format(base, len, access, mem_type, &packed);
         Ok(Memory {
             inner: Arc::new(Inner {
@@ -430,7 +464,7 @@ impl Memory {
     /// memory's first byte in it (compared by identity: this is on every
     /// write's path).
     pub(crate) fn handle_for(&self, md: &Arc<dyn MemoryDomain>) -> Result<(&MemHandle, usize)> {
-        let same = |r: &&Registration| std::ptr::addr_eq(Arc::as_ptr(&r.md), Arc::as_ptr(md));
+        let same = |r: &&Registration| same_md(&r.md, md);
         let reg =
             self.inner
                 .regs

@@ -193,3 +193,68 @@ pub(crate) fn device_md(
         .allocating_md(mem_type)
         .map_err(|e| TransferError::MemoryType(e.to_string()))
 }
+
+/// The devices of `transport` a Transport of `rails` rails opens, in rail
+/// order: the `devices` named (a device may repeat: two connections over
+/// one link), or `first` (Builder::device) then the others as the
+/// transport lists them. Fewer devices than rails is refused by name,
+/// never made up.
+pub(crate) fn rail_candidates(
+    registry: &Registry,
+    transport: &str,
+    first: Option<&str>,
+    devices: Option<&[String]>,
+    rails: usize,
+) -> Result<Vec<Candidate>> {
+    if let Some(devices) = devices {
+        return devices
+            .iter()
+            .map(|d| {
+                registry
+                    .find_resource(transport, Some(d))
+                    .map(|resource| Candidate { resource })
+                    .map_err(|e| TransferError::NoTransport(e.to_string()))
+            })
+            .collect();
+    }
+    let mut found: Vec<Resource> = registry
+        .resources()
+        .into_iter()
+        .filter(|r| r.tl.transport == transport)
+        .collect();
+    if let Some(d) = first {
+        let at = found.iter().position(|r| r.tl.device == d).ok_or_else(|| {
+            TransferError::NoTransport(
+                registry
+                    .find_resource(transport, Some(d))
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_else(|| format!("{transport} has no device {d}")),
+            )
+        })?;
+        let r = found.remove(at);
+        found.insert(0, r);
+    }
+    if found.is_empty() {
+        return Err(TransferError::NoTransport(format!(
+            "{transport} ({})",
+            registry.explain_absent(transport)
+        )));
+    }
+    if found.len() < rails {
+        return Err(TransferError::Config(format!(
+            "{rails} rails of {transport} need {rails} devices, and {transport} has {} here ({}); ask for fewer rails, or name the devices with Builder::devices (the same device twice makes two connections over one link)",
+            found.len(),
+            found
+                .iter()
+                .map(|r| r.tl.device.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    found.truncate(rails);
+    Ok(found
+        .into_iter()
+        .map(|resource| Candidate { resource })
+        .collect())
+}

@@ -15,7 +15,8 @@ use std::task::Waker;
 use dashmap::DashMap;
 use uct_core::{EpParams, Iface, MemoryDomain, MemoryType, UctError};
 
-use crate::engine::{self, Engine};
+use crate::engine;
+use crate::rails::Rails;
 use crate::error::{Result, TransferError};
 use crate::ops::{Inbox, Slot};
 use crate::stats::Counters;
@@ -77,6 +78,8 @@ pub(crate) struct Open {
     pub component: String,
     pub md: Arc<dyn MemoryDomain>,
     pub mem_types: Vec<MemoryType>,
+    /// Its rail: 0, or its place among the rails of the one transport.
+    pub rail: usize,
 }
 
 impl Open {
@@ -85,6 +88,7 @@ impl Open {
             transport: self.iface.transport().to_string(),
             md: self.md.clone(),
             mem_types: self.mem_types.clone(),
+            rail: self.rail,
         }
     }
 
@@ -193,9 +197,9 @@ pub(crate) enum Phase {
         cands: Vec<Open>,
         url: Option<String>,
     },
-    /// Connected over one of them (boxed: an Engine is much larger than
-    /// the other phases).
-    Connected(Box<Engine>),
+    /// Connected over one of them, on one rail or several (boxed: it is
+    /// much larger than the other phases).
+    Connected(Box<Rails>),
     /// The connection failed; its endpoint and iface are closed.
     Failed(TransferError),
     /// Dropped.
@@ -208,6 +212,8 @@ pub(crate) struct RegTarget {
     pub transport: String,
     pub md: Arc<dyn MemoryDomain>,
     pub mem_types: Vec<MemoryType>,
+    /// The rail it serves: memory keys carry one bundle per rail.
+    pub rail: usize,
 }
 
 /// What the Transport, its progress thread and its futures share.
@@ -223,6 +229,10 @@ pub(crate) struct Shared {
     pub depth: usize,
     /// The largest piece a write or read is split in (a test seam).
     pub max_piece: usize,
+    /// Rails of the connection (1 unless asked for more).
+    pub rails: usize,
+    /// The smallest write striped over several rails.
+    pub stripe_min: usize,
     /// This side's notification token: in its URL, and in every
     /// notification message its peer sends.
     pub token: u64,
@@ -264,6 +274,8 @@ impl Shared {
             in_flight: Arc::new(AtomicUsize::new(0)),
             depth,
             max_piece: usize::MAX,
+            rails: 1,
+            stripe_min: crate::transport::DEFAULT_STRIPE_MIN,
             token,
             stop: AtomicBool::new(false),
             failure: OnceLock::new(),

@@ -53,3 +53,28 @@ impl Counters {
         }
     }
 }
+
+/// What one rail of a Transport did ([`Transport::rails`](crate::Transport::rails)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RailStats {
+    /// Its index (0 is the first device).
+    pub rail: usize,
+    /// The transport.
+    pub transport: String,
+    /// Its device.
+    pub device: String,
+    /// Whether it carries operations now.
+    pub in_service: bool,
+    /// Why it was last taken out of service, if it was.
+    pub failure: Option<String>,
+    /// Writes (stripes of writes, with several rails) that landed on it.
+    pub writes: u64,
+    /// Bytes those carried.
+    pub bytes_written: u64,
+    /// Reads (stripes of reads) it completed.
+    pub reads: u64,
+    /// Bytes those carried (counted with several rails only).
+    pub bytes_read: u64,
+    /// Stripes posted on it again after another rail failed.
+    pub reissued: u64,
+}

@@ -19,6 +19,8 @@ use std::thread::JoinHandle;
 use uct_core::{Completion, EpParams, IfaceParams, MemoryDomain, MemoryType, Registry};
 
 use crate::engine::{self, Dir, Engine, NotifyPath, Op, Part};
+use crate::rails::Rails;
+use crate::stripe::PartReq;
 use crate::error::{Result, TransferError};
 use crate::key::RemoteBuffer;
 use crate::memory::{Memory, View};
@@ -48,10 +50,18 @@ pub struct Builder {
     progress: Progress,
     max_piece: usize,
     backlog: usize,
+    rails: Option<usize>,
+    devices: Option<Vec<String>>,
+    stripe_min: Option<usize>,
 }
 
 /// Operations in flight by default before a new one waits.
 pub const DEFAULT_DEPTH: usize = 64;
+
+/// The smallest write striped over several rails by default
+/// (`UCT_TRANSFER_STRIPE_MIN`); see docs/perf-rails.md for the
+/// measurement behind it.
+pub const DEFAULT_STRIPE_MIN: usize = 256 * 1024;
 
 impl Default for Builder {
     fn default() -> Self {
@@ -63,6 +73,9 @@ impl Default for Builder {
             progress: Progress::Thread,
             max_piece: usize::MAX,
             backlog: crate::ops::MAX_BACKLOG,
+            rails: None,
+            devices: None,
+            stripe_min: None,
         }
     }
 }
@@ -114,6 +127,94 @@ impl Builder {
         self
     }
 
+    /// Rails: `n` devices of the (named) transport, each with its own
+    /// connection, as the transport lists them (`Builder::device` first).
+    /// Writes of at least the stripe minimum are split over them, and a
+    /// rail that fails is taken out while the others carry on. One by
+    /// default, or `UCT_TRANSFER_RAILS`. Both sides must have the same
+    /// rails: connect refuses another count by name.
+    pub fn rails(mut self, n: usize) -> Self {
+        self.rails = Some(n);
+        self
+    }
+
+    /// Rails on these devices, in this order (as `transport-info -d` names
+    /// them); a device may repeat (two connections over one link: no more
+    /// bandwidth, but a rail that can fail alone, for tests).
+    pub fn devices(mut self, names: &[&str]) -> Self {
+        self.devices = Some(names.iter().map(|d| d.to_string()).collect());
+        self
+    }
+
+    /// The smallest write split over several rails (smaller ones go whole
+    /// on one rail, in turn); [`DEFAULT_STRIPE_MIN`] by default, or
+    /// `UCT_TRANSFER_STRIPE_MIN`.
+    pub fn stripe_min(mut self, bytes: usize) -> Self {
+        self.stripe_min = Some(bytes.max(1));
+        self
+    }
+
+    /// The rails asked for: devices(), rails(), `UCT_TRANSFER_RAILS`, or 1.
+    fn rail_count(&self) -> Result<usize> {
+        let n = match (&self.devices, self.rails) {
+            (Some(d), Some(n)) if d.len() != n => {
+                return Err(TransferError::Config(format!(
+                    "rails({n}) and devices() naming {} devices; give one or the other",
+                    d.len()
+                )))
+            }
+            (Some(d), _) => d.len(),
+            (None, Some(n)) => n,
+            (None, None) => match std::env::var("UCT_TRANSFER_RAILS") {
+                Ok(v) => {
+                    let n = v.trim().parse::<usize>().map_err(|_| {
+                        TransferError::Config(format!(
+                            "UCT_TRANSFER_RAILS={v:?} is not a number of rails (1 to {})",
+                            crate::key::MAX_RAILS
+                        ))
+                    })?;
+                    if n > 1 && self.transport == "auto" {
+                        log::warn!("transfer: UCT_TRANSFER_RAILS={n} applies to a named transport (tcp, rc); auto uses one rail");
+                        1
+                    } else {
+                        n
+                    }
+                }
+                Err(_) => 1,
+            },
+        };
+        if n == 0 || n > crate::key::MAX_RAILS {
+            return Err(TransferError::Config(format!(
+                "{n} rails: a Transport has 1 to {}",
+                crate::key::MAX_RAILS
+            )));
+        }
+        if (n > 1 || self.devices.is_some()) && self.transport == "auto" {
+            return Err(TransferError::Config(format!(
+                "{n} rails of auto: rails are devices of one transport; name it with .transport(\"tcp\") or \"rc\""
+            )));
+        }
+        Ok(n)
+    }
+
+    /// The stripe minimum: stripe_min(), `UCT_TRANSFER_STRIPE_MIN`, or the
+    /// default.
+    fn stripe_min_bytes(&self) -> Result<usize> {
+        if let Some(b) = self.stripe_min {
+            return Ok(b);
+        }
+        match std::env::var("UCT_TRANSFER_STRIPE_MIN") {
+            Ok(v) => uct_core::config::parse_size(&v)
+                .map(|b| (b as usize).max(1))
+                .ok_or_else(|| {
+                    TransferError::Config(format!(
+                        "UCT_TRANSFER_STRIPE_MIN={v:?} is not a size (bytes, or with K, M, G)"
+                    ))
+                }),
+            Err(_) => Ok(DEFAULT_STRIPE_MIN),
+        }
+    }
+
     /// Splits writes and reads in pieces of at most `bytes` (besides the
     /// transport's own largest zcopy): a test seam for writes split in
     /// pieces, which real transports do only beyond a GiB.
@@ -130,19 +231,31 @@ impl Builder {
                 "max_in_flight of 0: at least one operation must be able to run".into(),
             ));
         }
+        let rails = self.rail_count()?;
+        let stripe_min = self.stripe_min_bytes()?;
         uct_builtins::link();
         let registry = Registry::global();
-        let picked = select::candidates(
-            registry,
-            &self.transport,
-            self.device.as_deref(),
-            &self.mem_types,
-        )?;
+        let picked = if rails > 1 || self.devices.is_some() {
+            select::rail_candidates(
+                registry,
+                &self.transport,
+                self.device.as_deref(),
+                self.devices.as_deref(),
+                rails,
+            )?
+        } else {
+            select::candidates(
+                registry,
+                &self.transport,
+                self.device.as_deref(),
+                &self.mem_types,
+            )?
+        };
         let inbox = Inbox::new(self.backlog);
         let counters = Arc::new(Counters::default());
         let token = random_token();
         let mut cands = Vec::with_capacity(picked.len());
-        for c in picked {
+        for (rail, c) in picked.into_iter().enumerate() {
             let mut iface = match c.resource.component.open_iface(
                 &c.resource.md,
                 &c.resource.tl,
@@ -162,6 +275,7 @@ impl Builder {
                 md: c.resource.md.clone(),
                 iface,
                 pending_ep: None,
+                rail: if rails > 1 { rail } else { 0 },
             });
         }
         if cands.is_empty() {
@@ -171,6 +285,8 @@ impl Builder {
         }
         let mut shared = Shared::new(cands, inbox, counters, self.depth, token);
         shared.max_piece = self.max_piece;
+        shared.rails = rails;
+        shared.stripe_min = stripe_min;
         let shared = Arc::new(shared);
         let thread = match self.progress {
             Progress::Manual => None,
@@ -320,13 +436,21 @@ impl Transport {
             Phase::Failed(e) => return Err(e.clone()),
             Phase::Closed => return Err(TransferError::Closed),
         };
+        let duplicated = offers
+            .iter()
+            .enumerate()
+            .any(|(i, o)| offers[..i].iter().any(|p| p.transport == o.transport));
+        if self.shared.rails > 1 || duplicated {
+            let rails = crate::rails::connect(cands, peer_token, &offers, &self.shared)?;
+            return self.connected_over(&mut phase, rails);
+        }
         // On any error the candidates stay: the caller may try another URL.
         let mut tried = Vec::new();
         let mut connected = None;
         for (index, offer) in select::choose(cands, &offers, |c| &*c.iface)? {
             match cands[index].connect(&offer) {
                 Ok(ep) => {
-                    connected = Some((index, ep));
+                    connected = Some((index, ep, offer));
                     break;
                 }
                 Err(e) => {
@@ -335,7 +459,7 @@ impl Transport {
                 }
             }
         }
-        let Some((index, ep)) = connected else {
+        let Some((index, ep, offer)) = connected else {
             // An endpoint bind() made went to a failed connect: the next
             // bind() makes a fresh URL.
             if cands.iter().any(|c| c.spent()) {
@@ -346,25 +470,61 @@ impl Transport {
             return Err(tried.into_iter().next().unwrap_or(TransferError::NotBound));
         };
         let c = cands.swap_remove(index);
-        if let Phase::Open { url: Some(u), .. } = &*phase {
-            // bind() keeps answering with it once connected.
-            let _ = self.shared.url.set(u.clone());
-        }
-        let transport = c.iface.transport().to_string();
+        let device = c.iface.device().to_string();
         let target = c.target();
-        let eng = Box::new(Engine::new(
+        let eng = Engine::new(
             ep,
             c.iface,
             c.component,
             target,
             peer_token,
             &self.shared,
-        ));
-        // The other candidates close here.
-        *phase = Phase::Connected(eng);
+            self.shared.in_flight.clone(),
+        );
+        let in_flight = self.shared.in_flight.clone();
+        let rails = Rails::new(
+            vec![(eng, device, offer, in_flight)],
+            self.shared.stripe_min,
+            peer_token,
+        );
+        self.connected_over(&mut phase, rails)
+    }
+
+    /// Ends connect(): the connection is `rails`; the other candidates
+    /// close.
+    fn connected_over(&self, phase: &mut Phase, rails: Rails) -> Result<()> {
+        if let Phase::Open { url: Some(u), .. } = &*phase {
+            // bind() keeps answering with it once connected.
+            let _ = self.shared.url.set(u.clone());
+        }
+        let transport = rails.transport.clone();
+        *phase = Phase::Connected(Box::new(rails));
         let _ = self.shared.chosen.set(transport);
         self.shared.connected.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Re-adds rail `i`, taken out of service when it failed, with a new
+    /// endpoint to the peer's address on it: rails are never re-added
+    /// silently. Transports that connect endpoint to endpoint (rc) cannot
+    /// (their peer must take part), and say so.
+    pub fn restore_rail(&self, i: usize) -> Result<()> {
+        let mut phase = self.lock();
+        match &mut *phase {
+            Phase::Connected(rails) => rails.restore(i, &self.shared),
+            Phase::Open { .. } => Err(TransferError::NotConnected),
+            Phase::Failed(e) => Err(e.clone()),
+            Phase::Closed => Err(TransferError::Closed),
+        }
+    }
+
+    /// Each rail's state and counters, once connected (one entry with one
+    /// rail); empty before.
+    pub fn rails(&self) -> Vec<crate::stats::RailStats> {
+        match &*self.lock() {
+            Phase::Connected(rails) => rails.stats(&self.shared.counters),
+            _ => Vec::new(),
+        }
     }
 
     /// Whether connect() succeeded.
@@ -388,7 +548,7 @@ impl Transport {
     pub(crate) fn reg_targets(&self) -> Result<Vec<RegTarget>> {
         match &*self.lock() {
             Phase::Open { cands, .. } => Ok(cands.iter().map(Open::target).collect()),
-            Phase::Connected(eng) => Ok(vec![eng.target.clone()]),
+            Phase::Connected(rails) => Ok(rails.targets()),
             Phase::Failed(e) => Err(e.clone()),
             Phase::Closed => Err(TransferError::Closed),
         }
@@ -485,21 +645,41 @@ impl Transport {
         flush: bool,
     ) -> Result<OpFuture> {
         let mut phase = self.lock();
-        let eng = match &mut *phase {
-            Phase::Connected(eng) => eng,
+        let rails = match &mut *phase {
+            Phase::Connected(rails) => rails,
             Phase::Open { .. } => return Err(TransferError::NotConnected),
             Phase::Failed(e) => return Err(e.clone()),
             Phase::Closed => return Err(TransferError::Closed),
         };
         let mut built = Vec::with_capacity(parts.len());
+        let mut striped = Vec::new();
         let mut keep: Vec<Memory> = Vec::with_capacity(parts.len());
+        let multi = rails.is_multi();
+        let (component, notify, transport) = (
+            rails.component.clone(),
+            rails.notify,
+            rails.transport.clone(),
+        );
         for &(dir, view, remote, tag) in parts {
             engine::check_part(view, remote, dir)?;
-            if tag.is_some() && eng.notify == NotifyPath::None {
-                return Err(TransferError::NoNotifications {
-                    transport: eng.transport.clone(),
-                });
+            if tag.is_some() && notify == NotifyPath::None {
+                return Err(TransferError::NoNotifications { transport });
             }
+            keep.push(view.memory().clone());
+            if multi {
+                striped.push(PartReq {
+                    dir,
+                    mem: view.memory().clone(),
+                    offset: view.offset(),
+                    len: view.len(),
+                    remote: remote.clone(),
+                    tag,
+                });
+                continue;
+            }
+            let Some(eng) = rails.single() else {
+                return Err(TransferError::NotConnected);
+            };
             let (mem, base) = view.memory().handle_for(&eng.target.md)?;
             built.push(Part {
                 dir,
@@ -507,10 +687,9 @@ impl Transport {
                 offset: base + view.offset(),
                 len: view.len(),
                 remote_addr: remote.addr(),
-                rkey: remote.rkey_for(&eng.component, &eng.md)?,
+                rkey: remote.rkey_for(0, 1, &component, &eng.md)?,
                 tag,
             });
-            keep.push(view.memory().clone());
         }
         let slot = Slot::new();
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
@@ -534,7 +713,16 @@ impl Transport {
                 Err(e) => Err(failure.unwrap_or_else(|| engine::op_error(e))),
             });
         });
-        eng.submit(Op::new(built, flush, comp), &self.shared.counters);
+        if multi {
+            if let Err(e) = rails.submit(striped, flush, &comp, &self.shared.counters) {
+                // Nothing was posted: the operation never ran.
+                comp.start();
+                comp.finish(Ok(()));
+                return Err(e);
+            }
+        } else if let Some(eng) = rails.single() {
+            eng.submit(Op::new(built, flush, comp), &self.shared.counters);
+        }
         // Into the table only if still pending: most operations over shared
         // memory complete inside the post. Still under the lock, so its
         // completion (from progress) cannot run before the insert.
@@ -544,7 +732,7 @@ impl Transport {
         }
         // Operations left queued need progress to be posted, even if
         // nobody awaits them; the others nudge it when awaited.
-        let queued = eng.has_queued();
+        let queued = rails.has_queued();
         drop(phase);
         if queued {
             self.shared.nudge_progress();

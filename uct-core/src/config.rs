@@ -122,6 +122,18 @@ pub const CORE_CONFIG: &[ConfigVar] = &[
         doc: "Logging threshold: error, warn, info, debug or trace. Modules log through the host's logger.",
     },
     ConfigVar {
+        name: "UCT_TRANSFER_RAILS",
+        default: "1",
+        kind: ConfigKind::Uint,
+        doc: "Rails of a transfer-API Transport built for a named transport (tcp, rc): that many of its devices, each with its own connection; large writes are striped over them. Builder::rails and Builder::devices override it.",
+    },
+    ConfigVar {
+        name: "UCT_TRANSFER_STRIPE_MIN",
+        default: "256K",
+        kind: ConfigKind::Size,
+        doc: "Smallest transfer-API write split over the rails of a multi-rail Transport; smaller writes go whole on one rail.",
+    },
+    ConfigVar {
         name: "UCT_BOOTSTRAP_TIMEOUT",
         default: "30s",
         kind: ConfigKind::Duration,
