@@ -293,7 +293,13 @@ impl Engine {
     /// Queues the notification of a write whose stripes finish `landed`:
     /// sent in order with this engine's other notifications once `landed`
     /// is complete; `op` (started by the caller) finishes when it is sent.
-    pub(crate) fn queue_notice(&mut self, landed: Completion, op: Completion, tag: u32, len: usize) {
+    pub(crate) fn queue_notice(
+        &mut self,
+        landed: Completion,
+        op: Completion,
+        tag: u32,
+        len: usize,
+    ) {
         self.notices.push_back(Notice {
             landed,
             op,

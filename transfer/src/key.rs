@@ -373,7 +373,8 @@ mod tests {
         }
         let many = vec![b.clone(); MAX_RAILS + 1].join(",");
         assert!(why(format!("{PREFIX}v2:1000:64:1f:host:{many}")).contains("17 rails"));
-        assert!(why(format!("{PREFIX}v2:1000:64:1f:host:{b},zz")).contains("rail 1 rkey bundle is not hex"));
+        assert!(why(format!("{PREFIX}v2:1000:64:1f:host:{b},zz"))
+            .contains("rail 1 rkey bundle is not hex"));
         assert!(why(format!("{PREFIX}v2:1000:64:1f:host:{b},")).contains("rail 1 rkey"));
         assert!(why(format!("{PREFIX}v2:1000:64:1f:host:{b},0102")).contains("rail 1 rkey"));
     }

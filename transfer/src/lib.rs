@@ -72,8 +72,6 @@ pub use memory::{Memory, View};
 pub use ops::{Notification, OpFuture, WaitForWrite};
 pub use select::{Probe, AUTO_ORDER};
 pub use stats::{RailStats, Stats};
-pub use transport::{
-    BatchWrite, Builder, Progress, Transport, DEFAULT_DEPTH, DEFAULT_STRIPE_MIN,
-};
+pub use transport::{BatchWrite, Builder, Progress, Transport, DEFAULT_DEPTH, DEFAULT_STRIPE_MIN};
 pub use uct_core::{Access, MemHandle, MemoryType};
 pub use url::URL_VERSION;

@@ -177,7 +177,16 @@ impl Memory {
         // registrations.
         let regs = unsafe { register_all(&targets, host.as_ptr(), len, access) }?;
         let base = host.as_ptr() as u64;
-        Memory::build(&all, regs, base, len, MemoryType::Host, access, None, Some(host))
+        Memory::build(
+            &all,
+            regs,
+            base,
+            len,
+            MemoryType::Host,
+            access,
+            None,
+            Some(host),
+        )
     }
 
     /// Registers host memory the application owns.
@@ -223,7 +232,16 @@ impl Memory {
         }
         // SAFETY: the caller keeps the bytes alive as documented above.
         let regs = unsafe { register_all(&targets, ptr, len, access) }?;
-        Memory::build(&all, regs, ptr as u64, len, MemoryType::Host, access, None, None)
+        Memory::build(
+            &all,
+            regs,
+            ptr as u64,
+            len,
+            MemoryType::Host,
+            access,
+            None,
+            None,
+        )
     }
 
     /// What memory `[ptr, ptr + len)` is, and the memory domain that told:

@@ -133,8 +133,11 @@ impl Rails {
         peer_token: u64,
     ) -> Rails {
         let first = &engines[0].0;
-        let (transport, component, notify) =
-            (first.transport.clone(), first.component.clone(), first.notify);
+        let (transport, component, notify) = (
+            first.transport.clone(),
+            first.component.clone(),
+            first.notify,
+        );
         let bandwidths: Vec<f64> = engines
             .iter()
             .map(|(e, ..)| e.iface.attrs().bandwidth_bps)
@@ -232,14 +235,18 @@ impl Rails {
         let mut again = Vec::new();
         self.settle_suspects(&mut down, &mut again);
         if !down.is_empty() {
+            // Every rail at once (the peer went): the connection's failure
+            // is the one line logged, naming each rail.
+            let up = self.up();
+            let all = up.iter().all(|i| down.iter().any(|(d, _)| d == i));
             for (i, why) in down {
-                self.take_down(i, &why, &mut again);
+                self.take_down(i, &why, !all, &mut again);
             }
             // What the closing endpoints ended reports now.
             let mut more = Vec::new();
             self.settle_suspects(&mut more, &mut again);
             for (i, why) in more {
-                self.take_down(i, &why, &mut again);
+                self.take_down(i, &why, true, &mut again);
             }
             events += 1;
         }
@@ -248,7 +255,13 @@ impl Rails {
                 .rails
                 .iter()
                 .enumerate()
-                .map(|(i, r)| format!("rail {i} ({}): {}", r.device, r.failure.as_deref().unwrap_or("?")))
+                .map(|(i, r)| {
+                    format!(
+                        "rail {i} ({}): {}",
+                        r.device,
+                        r.failure.as_deref().unwrap_or("?")
+                    )
+                })
                 .collect();
             return Err(UctError::EndpointFailed(format!(
                 "every rail is out of service: {}",
@@ -295,7 +308,7 @@ impl Rails {
     /// Takes rail `i` out of service (once), logging why; its stripes in
     /// flight join `again`, its notifications not sent move to the next
     /// primary.
-    fn take_down(&mut self, i: usize, why: &str, again: &mut Vec<Arc<Stripe>>) {
+    fn take_down(&mut self, i: usize, why: &str, log: bool, again: &mut Vec<Arc<Stripe>>) {
         let Some(rail) = self.rails.get_mut(i) else {
             return;
         };
@@ -305,13 +318,17 @@ impl Rails {
         let State::Up(eng) = std::mem::replace(&mut rail.state, State::Down(None)) else {
             return;
         };
-        log::warn!(
-            "transfer: {} rail {i} ({}) is out of service: {why}; its operations go on the other rails, and Transport::restore_rail({i}) brings it back",
-            self.transport,
-            rail.device
-        );
+        if log {
+            log::warn!(
+                "transfer: {} rail {i} ({}) is out of service: {why}; its operations go on the other rails, and Transport::restore_rail({i}) brings it back",
+                self.transport,
+                rail.device
+            );
+        }
         rail.failure = Some(why.to_string());
-        let left = eng.teardown(&UctError::Canceled(format!("rail {i} out of service: {why}")));
+        let left = eng.teardown(&UctError::Canceled(format!(
+            "rail {i} out of service: {why}"
+        )));
         rail.state = State::Down(Some(left.iface));
         for s in rail.flying.drain(..) {
             if s.settle() {
@@ -361,7 +378,9 @@ impl Rails {
             .fetch_add(1, Ordering::Relaxed);
         let again = s.moved_to(to);
         if let Err(e) = stripe::post(self, &again) {
-            again.target.finish(Err(UctError::InvalidParam(e.to_string())));
+            again
+                .target
+                .finish(Err(UctError::InvalidParam(e.to_string())));
         }
     }
 
@@ -392,11 +411,9 @@ impl Rails {
                 rail.device
             )));
         };
-        let by_iface = iface.as_ref().is_some_and(|f| {
-            f.attrs()
-                .caps
-                .contains(uct_core::Caps::CONNECT_TO_IFACE)
-        });
+        let by_iface = iface
+            .as_ref()
+            .is_some_and(|f| f.attrs().caps.contains(uct_core::Caps::CONNECT_TO_IFACE));
         if !by_iface {
             return Err(TransferError::Config(format!(
                 "rail {i} ({transport} on {}) connects endpoint to endpoint: it cannot be re-added without a new exchange of addresses with the peer; build a new Transport and connect again",
@@ -430,7 +447,10 @@ impl Rails {
             rail.in_flight.clone(),
         );
         rail.state = State::Up(Box::new(eng));
-        log::info!("transfer: {transport} rail {i} ({}) is back in service", rail.device);
+        log::info!(
+            "transfer: {transport} rail {i} ({}) is back in service",
+            rail.device
+        );
         Ok(())
     }
 
@@ -450,7 +470,11 @@ impl Rails {
                     in_service: r.is_up(),
                     failure: r.failure.clone(),
                     // One rail carries everything: the Transport's counts.
-                    writes: if single { g(&whole.writes) } else { g(&c.writes) },
+                    writes: if single {
+                        g(&whole.writes)
+                    } else {
+                        g(&c.writes)
+                    },
                     bytes_written: if single {
                         g(&whole.bytes_written)
                     } else {
@@ -495,7 +519,11 @@ pub(crate) fn connect(
     for (i, (c, o)) in cands.iter().zip(&theirs).enumerate() {
         if !c.iface.is_reachable(&o.device_addr, &o.iface_addr) {
             return Err(TransferError::PeerUnreachable {
-                transport: format!("{transport} rail {i} ({} to the peer's {})", c.iface.device(), o.device),
+                transport: format!(
+                    "{transport} rail {i} ({} to the peer's {})",
+                    c.iface.device(),
+                    o.device
+                ),
                 source: UctError::Unreachable(
                     "the peer's address on this rail cannot be reached from this device".into(),
                 ),

@@ -16,9 +16,9 @@ use dashmap::DashMap;
 use uct_core::{EpParams, Iface, MemoryDomain, MemoryType, UctError};
 
 use crate::engine;
-use crate::rails::Rails;
 use crate::error::{Result, TransferError};
 use crate::ops::{Inbox, Slot};
+use crate::rails::Rails;
 use crate::stats::Counters;
 use crate::url::Offer;
 

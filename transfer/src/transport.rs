@@ -19,15 +19,15 @@ use std::thread::JoinHandle;
 use uct_core::{Completion, EpParams, IfaceParams, MemoryDomain, MemoryType, Registry};
 
 use crate::engine::{self, Dir, Engine, NotifyPath, Op, Part};
-use crate::rails::Rails;
-use crate::stripe::PartReq;
 use crate::error::{Result, TransferError};
 use crate::key::RemoteBuffer;
 use crate::memory::{Memory, View};
 use crate::ops::{Inbox, OpFuture, Slot, WaitForWrite};
+use crate::rails::Rails;
 use crate::select;
 use crate::shared::{install_handlers, with_deferred_wakes, Open, Phase, RegTarget, Shared};
 use crate::stats::{Counters, Stats};
+use crate::stripe::PartReq;
 use crate::url;
 
 /// Who drives progress.
