@@ -51,6 +51,7 @@
 
 #![warn(missing_docs)]
 
+mod builder;
 mod engine;
 mod error;
 mod key;
@@ -65,6 +66,7 @@ mod stripe;
 mod text;
 mod transport;
 mod url;
+mod view;
 
 pub use error::{Result, TransferError};
 pub use key::{RemoteBuffer, KEY_VERSION, MAX_RAILS};

@@ -15,6 +15,7 @@ use uct_core::{
 use crate::error::{Result, TransferError};
 use crate::shared::RegTarget;
 use crate::transport::Transport;
+pub use crate::view::View;
 
 /// One registration of the memory, with one memory domain.
 struct Registration {
@@ -591,42 +592,6 @@ unsafe fn register_all(
             })
         })
         .collect()
-}
-
-/// A bounds-checked range of a [`Memory`]: what `write` sends from and
-/// `read` lands in. Cheap to clone; keeps the memory registered.
-#[derive(Clone, Debug)]
-pub struct View {
-    mem: Memory,
-    offset: usize,
-    len: usize,
-}
-
-impl View {
-    /// The address of its first byte.
-    pub fn data(&self) -> u64 {
-        self.mem.addr() + self.offset as u64
-    }
-
-    /// Its length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Its offset in the memory.
-    pub fn offset(&self) -> usize {
-        self.offset
-    }
-
-    /// The memory it is cut from.
-    pub fn memory(&self) -> &Memory {
-        &self.mem
-    }
 }
 
 #[cfg(test)]

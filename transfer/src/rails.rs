@@ -25,9 +25,9 @@
 //!   again, whole, on the rails left. Writing the same bytes twice is
 //!   harmless. The write succeeds while one rail remains; when none does,
 //!   the connection fails as a single rail's would.
-//! - A rail out of service stays out until [`Transport::restore_rail`]
-//!   (crate::Transport::restore_rail) re-adds it (transports that connect
-//!   to the peer's iface only: a new endpoint to the same address).
+//! - A rail out of service stays out until `Transport::restore_rail`
+//!   re-adds it (transports that connect to the peer's iface only: a new
+//!   endpoint to the same address).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

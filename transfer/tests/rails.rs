@@ -481,7 +481,7 @@ fn mixed_sizes_in_order() -> Result<(), Failed> {
     let (a, b) = (build()?, build()?);
     connect(&a, &b);
     let len = |i: usize| {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             1000 + i
         } else {
             (1 << 20) + 64 * i + 3
