@@ -43,7 +43,7 @@ pub const DEFAULT_DEPTH: usize = 64;
 /// The smallest write striped over several rails by default
 /// (`UCT_TRANSFER_STRIPE_MIN`); see docs/perf-rails.md for the
 /// measurement behind it.
-pub const DEFAULT_STRIPE_MIN: usize = 256 * 1024;
+pub const DEFAULT_STRIPE_MIN: usize = 512 * 1024;
 
 impl Default for Builder {
     fn default() -> Self {

@@ -365,7 +365,14 @@ impl Rails {
     /// Posts a stripe whose rail failed on the next rail in service.
     fn repost(&mut self, s: &Arc<Stripe>) {
         let up = self.up();
-        let Some(&to) = up.get(self.next % up.len().max(1)) else {
+        // One that carries its notification goes on the primary rail, in
+        // order with the others.
+        let at = if s.tag.is_some() {
+            up.iter().position(|&i| i == self.primary).unwrap_or(0)
+        } else {
+            self.next % up.len().max(1)
+        };
+        let Some(&to) = up.get(at) else {
             s.target.finish(Err(UctError::EndpointFailed(
                 "every rail is out of service".into(),
             )));

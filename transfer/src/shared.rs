@@ -254,6 +254,8 @@ pub(crate) struct Shared {
     pub url: OnceLock<String>,
     /// The transport connected over.
     pub chosen: OnceLock<String>,
+    /// The rails' counts when the connection ended, for `Transport::rails`.
+    pub last_rails: OnceLock<Vec<crate::stats::RailStats>>,
     pub thread: OnceLock<std::thread::Thread>,
 }
 
@@ -286,6 +288,7 @@ impl Shared {
             nudges: AtomicU64::new(0),
             url: OnceLock::new(),
             chosen: OnceLock::new(),
+            last_rails: OnceLock::new(),
             thread: OnceLock::new(),
         }
     }
@@ -353,6 +356,7 @@ impl Shared {
             Phase::Failed(err.clone())
         };
         if let Phase::Connected(mut eng) = std::mem::replace(phase, next) {
+            let _ = self.last_rails.set(eng.stats(&self.counters));
             let pending = eng.has_queued() || !self.ops.is_empty();
             if err != TransferError::Closed {
                 log::warn!("transfer: {}: {err}", eng.transport);

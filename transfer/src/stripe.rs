@@ -55,6 +55,9 @@ pub(crate) struct Stripe {
     pub offset: usize,
     pub len: usize,
     pub remote: Option<RemoteBuffer>,
+    /// The notification it carries itself: a notified write sent whole,
+    /// on the primary rail (the immediate of its put, on tcp and rc).
+    pub tag: Option<u32>,
     /// What it finishes once it has landed.
     pub target: Completion,
     pub rail: usize,
@@ -79,6 +82,7 @@ impl Stripe {
             offset: self.offset,
             len: self.len,
             remote: self.remote.clone(),
+            tag: self.tag,
             target: self.target.clone(),
             rail,
             settled: AtomicBool::new(false),
@@ -147,22 +151,39 @@ pub(crate) fn submit(
             Dir::Read => Counters::add(&counters.reads, 1),
         }
         let notified = p.tag.filter(|_| p.dir == Dir::Write);
-        let target = match notified {
-            Some(_) => Completion::new(),
-            None => comp.clone(),
-        };
-        let stripes = plan(rails, &up, &p, &target);
-        if let Some(tag) = notified {
-            Counters::add(&counters.sent_msg, 1);
-            comp.start();
-            let primary = rails.primary;
-            match rails.rails.get_mut(primary).and_then(|r| r.engine()) {
-                Some(e) => e.queue_notice(target.clone(), comp.clone(), tag, p.len),
-                None => comp.finish(Err(UctError::EndpointFailed(
-                    "the primary rail is out of service".into(),
-                ))),
+        let whole = p.len < rails.stripe_min || up.len() < 2;
+        let stripes = match notified {
+            // Sent whole on the primary rail, notified by its own put (the
+            // immediate where there is one), in order with the others.
+            Some(tag) if whole => {
+                let by_imm = rails.notify == crate::engine::NotifyPath::Immediate;
+                let counter = if by_imm {
+                    &counters.sent_imm
+                } else {
+                    &counters.sent_msg
+                };
+                Counters::add(counter, 1);
+                comp.start();
+                vec![stripe_of(&p, rails.primary, 0, p.len, Some(tag), comp)]
             }
-        }
+            // Its stripes, then its notification on the primary rail once
+            // every one has landed.
+            Some(tag) => {
+                Counters::add(&counters.sent_msg, 1);
+                let landed = Completion::new();
+                let stripes = plan(rails, &up, &p, &landed);
+                comp.start();
+                let primary = rails.primary;
+                match rails.rails.get_mut(primary).and_then(|r| r.engine()) {
+                    Some(e) => e.queue_notice(landed, comp.clone(), tag, p.len),
+                    None => comp.finish(Err(UctError::EndpointFailed(
+                        "the primary rail is out of service".into(),
+                    ))),
+                }
+                stripes
+            }
+            None => plan(rails, &up, &p, comp),
+        };
         for s in stripes {
             if let Err(e) = post(rails, &s) {
                 if s.settle() {
@@ -180,6 +201,7 @@ pub(crate) fn submit(
                 offset: 0,
                 len: 0,
                 remote: None,
+                tag: None,
                 target: comp.clone(),
                 rail: i,
                 settled: AtomicBool::new(false),
@@ -195,28 +217,44 @@ pub(crate) fn submit(
     Ok(())
 }
 
-/// The stripes of part `p`, each holding a start of `target`.
+/// A stripe of `p`: `len` bytes from `at`, on `rail`. The caller has
+/// started `target` for it.
+fn stripe_of(
+    p: &PartReq,
+    rail: usize,
+    at: usize,
+    len: usize,
+    tag: Option<u32>,
+    target: &Completion,
+) -> Arc<Stripe> {
+    Arc::new(Stripe {
+        kind: Kind::Move(p.dir),
+        mem: Some(p.mem.clone()),
+        offset: p.offset + at,
+        len,
+        remote: p.remote.slice(at, len).ok(),
+        tag,
+        target: target.clone(),
+        rail,
+        settled: AtomicBool::new(false),
+    })
+}
+
+/// The stripes of part `p` (not notified by itself), each holding a start
+/// of `target`: one, on the next rail in turn, below the stripe minimum;
+/// else one per rail in service, in proportion to their weights.
 fn plan(rails: &mut Rails, up: &[usize], p: &PartReq, target: &Completion) -> Vec<Arc<Stripe>> {
     let make = |rail: usize, at: usize, len: usize| {
         target.start();
-        Arc::new(Stripe {
-            kind: Kind::Move(p.dir),
-            mem: Some(p.mem.clone()),
-            offset: p.offset + at,
-            len,
-            remote: p.remote.slice(at, len).ok(),
-            target: target.clone(),
-            rail,
-            settled: AtomicBool::new(false),
-        })
+        stripe_of(p, rail, at, len, None, target)
     };
     if p.len < rails.stripe_min || up.len() < 2 {
-        let rail = up[rails.next % up.len()];
-        rails.next = rails.next.wrapping_add(1);
-        // A 0-byte write has nothing to land: only its notification goes.
+        // Nothing to move for 0 bytes (a notified one has its notice).
         if p.len == 0 {
             return Vec::new();
         }
+        let rail = up[rails.next % up.len()];
+        rails.next = rails.next.wrapping_add(1);
         return vec![make(rail, 0, p.len)];
     }
     let weights: Vec<f64> = up.iter().map(|&i| rails.rails[i].weight).collect();
@@ -259,7 +297,7 @@ pub(crate) fn post(rails: &mut Rails, s: &Arc<Stripe>) -> Result<()> {
                 len: s.len,
                 remote_addr: remote.addr(),
                 rkey: remote.rkey_for(s.rail, n, &component, &rail.md)?,
-                tag: None,
+                tag: s.tag,
             }]
         }
         (Kind::Flush, ..) => Vec::new(),

@@ -239,11 +239,13 @@ impl Transport {
     }
 
     /// Each rail's state and counters, once connected (one entry with one
-    /// rail); empty before.
+    /// rail; as they were at the end once the connection ended); empty
+    /// before connect.
     pub fn rails(&self) -> Vec<crate::stats::RailStats> {
         match &*self.lock() {
             Phase::Connected(rails) => rails.stats(&self.shared.counters),
-            _ => Vec::new(),
+            // As they were when the connection ended.
+            _ => self.shared.last_rails.get().cloned().unwrap_or_default(),
         }
     }
 

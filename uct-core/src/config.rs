@@ -129,7 +129,7 @@ pub const CORE_CONFIG: &[ConfigVar] = &[
     },
     ConfigVar {
         name: "UCT_TRANSFER_STRIPE_MIN",
-        default: "256K",
+        default: "512K",
         kind: ConfigKind::Size,
         doc: "Smallest transfer-API write split over the rails of a multi-rail Transport; smaller writes go whole on one rail.",
     },

@@ -14,7 +14,7 @@ use clap::Parser;
 use tools::transfer_bench::drive::Driver;
 use tools::transfer_bench::error::{BenchError, Result};
 use tools::transfer_bench::params::{BenchParams, Plan, ProgressMode};
-use tools::transfer_bench::report::{self, Document, Header, Row};
+use tools::transfer_bench::report::{self, Document, Header, RailRow, Row};
 use tools::transfer_bench::run::{self, Checks, Loopback, Measurement};
 use tools::transfer_bench::session;
 use uct_core::bootstrap::{BootstrapChannel, BootstrapError, BootstrapListener};
@@ -33,7 +33,7 @@ const TWO_PROCESS_WINDOW: &str = "elapsed time / writes, from the first post to 
     after_help = "Modes:\n  transfer-bench -t posix                  both sides in this process, driven by one thread\n  transfer-bench --listen -t tcp           receiver: waits for one sender on -p PORT\n  transfer-bench 127.0.0.1 -t tcp          sender: measures against that receiver\n\n\
 What is measured, one notified write at a time (write_tagged, then wait_for_write; -O 1):\n  real time   One process: from the post of the write to the receiver's\n              wait_for_write resolving (the write's own future too).\n              Two processes: the sender cannot see the receiver's clock, so the\n              receiver answers every notification with a zero-length notified\n              write; the real time is that round trip less the answer's one-way\n              time, which is half the median round trip of a zero-length write and its\n              answer, measured right after each write (the same operation\n              both ways, under the same conditions).\n  CPU time    Process CPU time over the measured loop / iterations (the sending\n              process in two processes). With manual progress the measuring\n              thread polls, so CPU time is close to real time.\n  bytes/s     size / real time.\n  --validate  The sender fills each write with a pattern of its iteration, the\n              receiver checks every byte after the notification; filling and\n              checking are not timed.\n\n\
 With -O N (N > 1), N notified writes in flight:\n  real time   Elapsed time / writes. One process: the loop keeps N writes\n              posted; before each new post it retires the oldest (the\n              receiver's wait_for_write for it, then its future). Two\n              processes: the sender posts whenever fewer than N write futures\n              are pending, the receiver waits for every notification and\n              answers the last one with a zero-length notified write; the\n              time runs from the first post to that answer, less half the\n              median of 15 zero-length round trips made right after.\n  bytes/s     size / real time (N writes overlap: compare with perftest\n              put_bw -O N).\n  --validate  One slot per write in flight on each side; a slot is refilled\n              only once the receiver checked it (in two processes the\n              receiver answers every write). Filling and checking are taken\n              off the time, which is then only indicative.\n\n\
-Examples:\n  transfer-bench -t posix -s 1M --format json\n  transfer-bench -t tcp -d lo -s 8k,64k,1M -n 2000\n  transfer-bench -t posix -s 8k:4M --validate\n  transfer-bench -t tcp -d lo -s 1M,4M,16M -O 32\n  transfer-bench -t rc -d mlx5_0:1 -m gaudi"
+Examples:\n  transfer-bench -t posix -s 1M --format json\n  transfer-bench -t tcp -d lo -s 8k,64k,1M -n 2000\n  transfer-bench -t posix -s 8k:4M --validate\n  transfer-bench -t tcp -d lo -s 1M,4M,16M -O 32\n  transfer-bench -t rc -d mlx5_0:1 -m gaudi\n  transfer-bench -t tcp --rails 2 -s 4M --validate     (two rails, per-rail counts after the table)\n  transfer-bench -t tcp --devices dummy0,dummy1 -s 64M -n 500"
 )]
 struct Args {
     /// Receiver to connect to; without it, and without --listen, both sides
@@ -61,6 +61,23 @@ struct Args {
     /// Device of the transport (default: its first), e.g. lo, mlx5_0:1.
     #[arg(short = 'd', long = "device", value_name = "NAME")]
     device: Option<String>,
+
+    /// Rails: this many devices of the transport (as it lists them, or
+    /// --devices), each with its own connection; writes of at least
+    /// --stripe-min are striped over them. Per-rail counts are printed
+    /// after the results. Both sides must give the same.
+    #[arg(long = "rails", value_name = "N")]
+    rails: Option<usize>,
+
+    /// The rails' devices, comma-separated, in rail order (e.g.
+    /// dummy0,dummy1; a device may repeat: two connections over one link).
+    #[arg(long = "devices", value_name = "LIST", conflicts_with = "device")]
+    devices: Option<String>,
+
+    /// Smallest write striped over the rails (default: the transfer API's,
+    /// UCT_TRANSFER_STRIPE_MIN); units k, M, G.
+    #[arg(long = "stripe-min", value_name = "SIZE")]
+    stripe_min: Option<String>,
 
     /// Memory type of both buffers: host, or gaudi (allocated by the Gaudi
     /// memory domain, hl-thunk, UCT_GAUDI_HLTHUNK_LIB; a transport that
@@ -150,9 +167,52 @@ fn params_from(args: &Args) -> Result<BenchParams> {
         sizes,
         validate: args.validate,
         outstanding: args.outstanding,
+        rails: rails_of(args)?,
     };
     params.check().map_err(usage)?;
     Ok(params)
+}
+
+/// The rails asked: --rails, or as many as --devices names, or 1.
+fn rails_of(args: &Args) -> Result<usize> {
+    let named = devices_of(args).map(|d| d.len());
+    match (args.rails, named) {
+        (Some(n), Some(d)) if n != d => Err(usage(format!(
+            "--rails {n} with --devices naming {d}; give one or the other"
+        ))),
+        (Some(n), _) | (None, Some(n)) => Ok(n),
+        (None, None) => Ok(1),
+    }
+}
+
+fn devices_of(args: &Args) -> Option<Vec<String>> {
+    args.devices
+        .as_ref()
+        .map(|d| d.split(',').map(|s| s.trim().to_string()).collect())
+}
+
+/// The Transports' local settings the two sides need not share: the
+/// rails' devices and the stripe minimum.
+#[derive(Default)]
+struct Local {
+    devices: Option<Vec<String>>,
+    stripe_min: Option<usize>,
+}
+
+fn local_of(args: &Args) -> Result<Local> {
+    let stripe_min = match &args.stripe_min {
+        Some(s) => Some(
+            uct_core::config::parse_size(s)
+                .filter(|&b| b > 0)
+                .ok_or_else(|| usage(format!("--stripe-min {s} is not a size (e.g. 256k)")))?
+                as usize,
+        ),
+        None => None,
+    };
+    Ok(Local {
+        devices: devices_of(args),
+        stripe_min,
+    })
 }
 
 fn plan_from(args: &Args) -> Result<Plan> {
@@ -191,7 +251,7 @@ fn format_of(s: &str) -> Result<Format> {
 }
 
 /// A Transport as the command line asks.
-fn build(params: &BenchParams, progress: ProgressMode) -> Result<Transport> {
+fn build(params: &BenchParams, local: &Local, progress: ProgressMode) -> Result<Transport> {
     let mem_type = params.mem_type().map_err(usage)?;
     let mut types = vec![mem_type];
     if mem_type != MemoryType::Host {
@@ -209,6 +269,14 @@ fn build(params: &BenchParams, progress: ProgressMode) -> Result<Transport> {
         });
     if let Some(d) = &params.device {
         b = b.device(d);
+    }
+    match &local.devices {
+        Some(d) => b = b.devices(&d.iter().map(String::as_str).collect::<Vec<_>>()),
+        None if params.rails > 1 => b = b.rails(params.rails),
+        None => {}
+    }
+    if let Some(m) = local.stripe_min {
+        b = b.stripe_min(m);
     }
     b.build()
         .map_err(|e| usage(format!("cannot open transport {}: {e}", params.transport)))
@@ -249,11 +317,24 @@ impl Output {
         self.rows.push(row);
     }
 
-    fn finish(&self, h: &Header) {
+    /// The end: each rail's counts (several rails) under the table, or
+    /// the JSON document.
+    fn finish(&self, h: &Header, t: &Transport) {
+        let rails: Vec<RailRow> = t.rails().iter().map(RailRow::of).collect();
+        let total: u64 = rails.iter().map(|r| r.bytes_written).sum();
+        let shown: &[RailRow] = if rails.len() > 1 { &rails } else { &[] };
+        if self.format != Format::Json {
+            for r in shown {
+                // Under the CSV rows too, as comments.
+                let lead = if self.format == Format::Csv { "# " } else { "" };
+                println!("{lead}{}", report::rail_line(r, total));
+            }
+        }
         if self.format == Format::Json {
             let doc = Document {
                 header: h,
                 results: &self.rows,
+                rails: shown,
             };
             match serde_json::to_string_pretty(&doc) {
                 Ok(json) => println!("{json}"),
@@ -270,7 +351,16 @@ fn header(params: &BenchParams, t: &Transport, progress: ProgressMode, two: bool
         transport: t
             .transport_name()
             .unwrap_or_else(|| params.transport.clone()),
-        device: params.device.clone(),
+        // Several rails: every rail's device, in rail order.
+        device: match t.rails() {
+            r if r.len() > 1 => Some(
+                r.iter()
+                    .map(|r| r.device.as_str())
+                    .collect::<Vec<_>>()
+                    .join("+"),
+            ),
+            _ => params.device.clone(),
+        },
         mem_type: params.mem.clone(),
         progress: progress.name(),
         mode: if two { "two processes" } else { "one process" },
@@ -313,8 +403,9 @@ fn loopback(
     out: &mut Output,
 ) -> Result<()> {
     let plan = plan_from(args)?;
-    let tx = build(params, progress)?;
-    let rx = build(params, progress)?;
+    let local = local_of(args)?;
+    let tx = build(params, &local, progress)?;
+    let rx = build(params, &local, progress)?;
     let (tx_url, rx_url) = (tx.bind()?, rx.bind()?);
     tx.connect(&rx_url)?;
     rx.connect(&tx_url)?;
@@ -346,7 +437,7 @@ fn loopback(
     sweep(params, &plan, out, &mut next, |size, iters, first| {
         run::loopback_phase(&lb, &driver, size, iters, first, &checks)
     })?;
-    out.finish(&h);
+    out.finish(&h, &lb.tx);
     Ok(())
 }
 
@@ -380,7 +471,7 @@ fn listen(args: &Args, params: &BenchParams, progress: ProgressMode) -> Result<(
         ));
     }
     // Refuse at once what this side cannot open.
-    let t = build(params, progress)?;
+    let t = build(params, &local_of(args)?, progress)?;
     let listener = BootstrapListener::bind(("0.0.0.0", args.port), BOOTSTRAP_TIMEOUT)?;
     eprintln!(
         "transfer-bench: waiting for a sender on port {} ({} over {})",
@@ -394,7 +485,15 @@ fn listen(args: &Args, params: &BenchParams, progress: ProgressMode) -> Result<(
         ProgressMode::Thread => Vec::new(),
     };
     let driver = Driver::new(manual, Duration::from_secs(args.timeout));
-    run::serve(&t, &mut server, &driver, agreed.validate)
+    let served = run::serve(&t, &mut server, &driver, agreed.validate);
+    let rails: Vec<RailRow> = t.rails().iter().map(RailRow::of).collect();
+    if rails.len() > 1 {
+        let total = rails.iter().map(|r| r.bytes_written).sum();
+        for r in &rails {
+            eprintln!("transfer-bench: receiver {}", report::rail_line(r, total));
+        }
+    }
+    served
 }
 
 fn send(
@@ -405,7 +504,7 @@ fn send(
     out: &mut Output,
 ) -> Result<()> {
     let plan = plan_from(args)?;
-    let t = build(params, progress)?;
+    let t = build(params, &local_of(args)?, progress)?;
     let mut ch = BootstrapChannel::connect((host, args.port), BOOTSTRAP_TIMEOUT)?;
     session::propose(&mut ch, params)?;
     let mut client = session::client(&t, ch, params)?;
@@ -424,7 +523,7 @@ fn send(
         run::client_phase(&t, &mut client, &driver, size, iters, first, &checks)
     })?;
     client.ch.send_msg(&run::Ctl::End)?;
-    out.finish(&h);
+    out.finish(&h, &t);
     Ok(())
 }
 

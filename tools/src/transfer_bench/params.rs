@@ -48,6 +48,13 @@ pub struct BenchParams {
     /// `-O`: notified writes in flight (1: one at a time, the seed's
     /// loop). The client's choice; the server takes it.
     pub outstanding: usize,
+    /// `--rails`: rails of each Transport (both sides must have as many).
+    #[serde(default = "one_rail")]
+    pub rails: usize,
+}
+
+fn one_rail() -> usize {
+    1
 }
 
 /// Most sizes in one run, as perftest.
@@ -85,6 +92,13 @@ impl BenchParams {
             return Err(format!(
                 "size {s} asked; use sizes from 1 byte to {}",
                 crate::text::size(MAX_SIZE as u64)
+            ));
+        }
+        if self.rails == 0 || self.rails > uct_transfer::MAX_RAILS {
+            return Err(format!(
+                "--rails {} asked; use 1 to {}",
+                self.rails,
+                uct_transfer::MAX_RAILS
             ));
         }
         if self.outstanding == 0 || self.outstanding > MAX_OUTSTANDING {
@@ -156,6 +170,12 @@ impl BenchParams {
                 diffs.push(format!("device (-d): client {c}, server {s}"));
             }
         }
+        if self.rails != client.rails {
+            diffs.push(format!(
+                "rails (--rails): client {}, server {}",
+                client.rails, self.rails
+            ));
+        }
         if self.mem != client.mem {
             diffs.push(format!(
                 "memory type (-m): client {}, server {}",
@@ -171,7 +191,7 @@ impl BenchParams {
         }
         (!diffs.is_empty()).then(|| {
             format!(
-                "{}; start both sides with the same -t, -d, -m and -s",
+                "{}; start both sides with the same -t, -d, --rails, -m and -s",
                 diffs.join("; ")
             )
         })
@@ -247,6 +267,7 @@ mod tests {
             sizes: vec![8192, 1 << 20],
             validate: false,
             outstanding: 1,
+            rails: 1,
         }
     }
 

@@ -54,11 +54,66 @@ pub struct Header {
     pub real_time: &'static str,
 }
 
-/// The JSON document: the header, then the results.
+/// The JSON document: the header, then the results, then what each rail
+/// of the measuring side carried.
 #[derive(Serialize)]
 pub struct Document<'a> {
     pub header: &'a Header,
     pub results: &'a [Row],
+    #[serde(skip_serializing_if = "<[RailRow]>::is_empty")]
+    pub rails: &'a [RailRow],
+}
+
+/// What one rail carried over the run (warm-ups included).
+#[derive(Debug, Clone, Serialize)]
+pub struct RailRow {
+    pub rail: usize,
+    pub device: String,
+    pub in_service: bool,
+    pub failure: Option<String>,
+    pub writes: u64,
+    pub bytes_written: u64,
+    pub reissued: u64,
+}
+
+impl RailRow {
+    pub fn of(r: &uct_transfer::RailStats) -> RailRow {
+        RailRow {
+            rail: r.rail,
+            device: r.device.clone(),
+            in_service: r.in_service,
+            failure: r.failure.clone(),
+            writes: r.writes,
+            bytes_written: r.bytes_written,
+            reissued: r.reissued,
+        }
+    }
+}
+
+/// A rail's line under the table: `rail 0 (lo): 12 writes, 48.0 MiB (50%), in service`.
+pub fn rail_line(r: &RailRow, total: u64) -> String {
+    let share = if total > 0 {
+        format!(" ({:.0}%)", r.bytes_written as f64 * 100.0 / total as f64)
+    } else {
+        String::new()
+    };
+    let state = match (&r.failure, r.in_service) {
+        (_, true) => "in service".to_string(),
+        (Some(why), false) => format!("out of service: {why}"),
+        (None, false) => "out of service".to_string(),
+    };
+    let reissued = if r.reissued > 0 {
+        format!(", {} stripes reissued here", r.reissued)
+    } else {
+        String::new()
+    };
+    format!(
+        "rail {} ({}): {} writes, {}{share}{reissued}, {state}",
+        r.rail,
+        r.device,
+        r.writes,
+        crate::text::size(r.bytes_written),
+    )
 }
 
 const RULE: &str =
