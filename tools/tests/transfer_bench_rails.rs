@@ -116,7 +116,7 @@ fn two_rails_in_json() {
 #[test]
 fn two_processes_with_two_rails() {
     let port = free_port();
-    let mut server = bench()
+    let server = bench()
         .args([
             "--listen",
             "-p",
