@@ -14,6 +14,7 @@ use uct_core::{
 use crate::conn::Queues;
 use crate::iface::RcIface;
 use crate::md::RcMd;
+use crate::port_watch::PortWatch;
 
 pub(crate) const NAME: &str = "ib";
 
@@ -45,10 +46,14 @@ pub const IB_CONFIG: &[ConfigVar] = &[
     },
 ];
 
+/// An open device: its MD and the watcher of its ports.
+type Device = (Arc<RcMd>, Arc<PortWatch>);
+
 /// The ib component: one memory domain per RDMA device, transport rc on
 /// each active port.
 pub struct IbComponent {
-    mds: Mutex<HashMap<String, Arc<RcMd>>>,
+    /// Each device's MD and the watcher of its ports, opened once.
+    mds: Mutex<HashMap<String, Device>>,
 }
 
 impl Default for IbComponent {
@@ -68,13 +73,19 @@ impl IbComponent {
 
     /// The MD of device `name`, opened once.
     fn ib_md(&self, name: &str) -> Result<Arc<RcMd>> {
+        Ok(self.device(name)?.0)
+    }
+
+    /// The MD of device `name` and its port watcher, opened once.
+    fn device(&self, name: &str) -> Result<Device> {
         let mut mds = self.mds.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(md) = mds.get(name) {
-            return Ok(md.clone());
+        if let Some(found) = mds.get(name) {
+            return Ok(found.clone());
         }
         let md = Arc::new(RcMd::open(NAME, name)?);
-        mds.insert(name.to_string(), md.clone());
-        Ok(md)
+        let watch = PortWatch::new(md.pd().context().clone());
+        mds.insert(name.to_string(), (md.clone(), watch.clone()));
+        Ok((md, watch))
     }
 }
 
@@ -128,7 +139,7 @@ impl Component for IbComponent {
         resource: &TlResource,
         _params: &IfaceParams,
     ) -> Result<Box<dyn Iface>> {
-        let ib = self.ib_md(md.name())?;
+        let (ib, watch) = self.device(md.name())?;
         let port: u8 = resource
             .device
             .rsplit_once(':')
@@ -168,7 +179,7 @@ impl Component for IbComponent {
         };
         Ok(Box::new(RcIface::open(
             md.clone(),
-            ib,
+            (ib, watch),
             port,
             gid_index,
             queues,

@@ -3,6 +3,10 @@
 //! what a completion means is decided by the send tracker ([`crate::tx`]);
 //! this file carries it out.
 //!
+//! A port that goes down (port_watch.rs) fails the endpoint at its next
+//! look at the clock, or at its first error completion, with an error
+//! that names the device, the port and why.
+//!
 //! A failure moves the QP to the error state first, so that the NIC stops,
 //! and each operation is failed (its memory released) only when its own
 //! flushed completion says the NIC is done with it. After [`DRAIN_LIMIT`]
@@ -25,8 +29,9 @@ use uct_core::{
 };
 
 use crate::keepalive::{Death, Liveness, SendQueue, Verdict};
+use crate::port_watch::PortWatch;
 use crate::qp::{wc_opcode, wc_status, Cq, LocalPath, Qp, RemoteQp};
-use crate::tx::{FlushNeed, Plan, Signal, TxEvent, TxOp, TxTracker, WcOpcode, SEQ_LIMIT};
+use crate::tx::{FlushNeed, Plan, Signal, TxEvent, TxOp, TxTracker, WcOpcode, WcStatus, SEQ_LIMIT};
 
 mod recv;
 pub(crate) use recv::Received;
@@ -139,6 +144,12 @@ pub(crate) struct Connection {
     checks: u32,
     /// When the connection failed (the QP went to the error state).
     failed_at: Option<Instant>,
+    /// The port's watcher, the port, and how many times it had gone down
+    /// when this connection was made: the connection fails once it goes
+    /// down again.
+    watch: Arc<PortWatch>,
+    port: u8,
+    port_generation: u64,
     /// Reused completion array.
     wcs: Vec<ibv_wc>,
 }
@@ -152,7 +163,12 @@ pub(crate) struct Queues {
 }
 
 impl Connection {
-    pub(crate) fn new(md: &Arc<IbMd>, port: u8, device: &str, queues: Queues) -> Result<Self> {
+    pub(crate) fn new(
+        md: &Arc<IbMd>,
+        (port, watch): (u8, &Arc<PortWatch>),
+        device: &str,
+        queues: Queues,
+    ) -> Result<Self> {
         let info = md.info();
         let cq = Cq::new(md.pd().context(), queues.tx + queues.rx + 16)?;
         let max_sge = info.max_sge.clamp(1, MAX_IOV as u32);
@@ -184,6 +200,9 @@ impl Connection {
             idle_polls: 0,
             checks: 0,
             failed_at: None,
+            port_generation: watch.generation(port),
+            watch: watch.clone(),
+            port,
             // SAFETY: ibv_wc is plain C data (integers and a union of
             // integers): all zeroes is a valid value.
             wcs: (0..16).map(|_| unsafe { std::mem::zeroed() }).collect(),
@@ -381,6 +400,11 @@ impl Connection {
         if std::mem::take(&mut self.heard) {
             self.live.received(now);
         }
+        if self.failed_at.is_none() {
+            if let Some(why) = self.watch.check(self.port, self.port_generation, now) {
+                self.port_failed(why);
+            }
+        }
         if let Some(at) = self.failed_at {
             if self.tx.outstanding() > 0 && now.saturating_duration_since(at) > DRAIN_LIMIT {
                 self.give_up();
@@ -427,8 +451,24 @@ impl Connection {
         })
     }
 
+    /// Fails the endpoint because its port went down.
+    fn port_failed(&mut self, why: String) {
+        self.fail(UctError::EndpointFailed(format!(
+            "rc {}: {why}; its operations failed with it (use another device, or a new endpoint once the port is ACTIVE again)",
+            self.label
+        )));
+    }
+
     fn on_completion(&mut self, wc: &ibv_wc) {
         let status = wc_status(wc);
+        if self.failed_at.is_none() && !matches!(status, WcStatus::Success) {
+            // An error completion may be the port's doing: then the port
+            // is what the endpoint's error names.
+            let now = Instant::now();
+            if let Some(why) = self.watch.check_now(self.port, self.port_generation, now) {
+                self.port_failed(why);
+            }
+        }
         if wc.wr_id & RECV_BIT != 0 {
             self.heard = true;
             self.on_receive(wc, status);

@@ -14,6 +14,7 @@ use uct_core::{
 
 use crate::conn::{Connection, Queues, Received, MAX_IOV, MAX_ZCOPY, SEG};
 use crate::ep::{RcEp, MAX_AM_HEADER};
+use crate::port_watch::PortWatch;
 use crate::qp::LocalPath;
 use crate::wire::{self, DeviceAddress};
 
@@ -21,6 +22,8 @@ use crate::wire::{self, DeviceAddress};
 pub struct RcIface {
     md: Arc<dyn MemoryDomain>,
     ib: Arc<IbMd>,
+    /// Whether the port is still up: endpoints fail when it goes down.
+    watch: Arc<PortWatch>,
     dev: String,
     port: PortInfo,
     gid: GidEntry,
@@ -39,7 +42,7 @@ pub struct RcIface {
 impl RcIface {
     pub(crate) fn open(
         md: Arc<dyn MemoryDomain>,
-        ib: Arc<IbMd>,
+        (ib, watch): (Arc<IbMd>, Arc<PortWatch>),
         port_num: u8,
         gid_index: Option<u32>,
         queues: Queues,
@@ -131,6 +134,7 @@ impl RcIface {
             imm: ImmHandlerSlot::new(format!("rc {dev}")),
             dev,
             ib,
+            watch,
             port,
             gid,
             attrs,
@@ -184,7 +188,7 @@ impl Iface for RcIface {
         }
         let conn = Arc::new(Mutex::new(Connection::new(
             &self.ib,
-            self.port.num,
+            (self.port.num, &self.watch),
             &self.dev,
             self.queues,
         )?));

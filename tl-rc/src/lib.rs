@@ -6,6 +6,8 @@
 //! configuration), `md.rs` (the memory domain), `iface.rs`, `ep.rs`; and
 //! for rc: `tx.rs` (the send side as a state machine without verbs),
 //! `keepalive.rs` (when to probe the peer and when to give it up),
+//! `port_watch.rs` (whether the port is still up: a link that goes down
+//! fails the endpoints on it),
 //! `conn.rs` (the endpoint's verbs I/O and completions; `conn/recv.rs` its
 //! receive side: active messages and immediates), `post.rs` (building
 //! each kind of work request), `qp.rs` (completion queues and
@@ -18,6 +20,7 @@ mod ep;
 pub mod iface;
 pub mod keepalive;
 pub mod md;
+pub mod port_watch;
 mod post;
 pub mod qp;
 pub mod tx;

@@ -61,8 +61,13 @@ pub struct Rc {
 impl Rc {
     pub fn open() -> Result<Rc, Failed> {
         let dev = device().ok_or("no RDMA device")?;
+        Self::open_on(&dev)
+    }
+
+    /// An rc iface on the first active port of device `dev`.
+    pub fn open_on(dev: &str) -> Result<Rc, Failed> {
         let comp = IbComponent::new();
-        let md = comp.open_md(&dev)?;
+        let md = comp.open_md(dev)?;
         let res = comp
             .tl_resources(&md)?
             .into_iter()
