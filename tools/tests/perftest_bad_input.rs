@@ -64,3 +64,20 @@ fn a_large_latency_test_with_the_default_n_runs_a_bounded_time() {
         started.elapsed()
     );
 }
+
+#[test]
+fn an_explicit_n_is_honoured_for_a_large_latency_test() {
+    let out = perftest(&[
+        "-t", "self", "--test", "put_lat", "-s", "64M", "-n", "12", "--format", "csv", "-f",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let row = stdout.lines().last().expect("a result row");
+    let iters: u64 = row
+        .split(',')
+        .nth(4)
+        .and_then(|n| n.parse().ok())
+        .expect("iterations");
+    assert_eq!(iters, 12, "{row}");
+}
