@@ -1,0 +1,1 @@
+//! PCIe topology from sysfs: which NICs are nearest a piece of memory.
