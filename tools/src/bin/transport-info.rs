@@ -5,13 +5,18 @@ use clap::Parser;
 use serde_json::{json, Map, Value};
 use tools::{info, text};
 use uct_core::Registry;
+use uct_topo::Topology;
+
+// The --topo report; kept out of the shared lib, as only this tool shows it.
+#[path = "../topo_view.rs"]
+mod topo_view;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "transport-info",
     disable_version_flag = true,
     about = "Show the components, modules, memory domains, transports and configuration uct-rs finds on this machine",
-    after_help = "Examples:\n  transport-info -d             memory domains and transports, with capabilities\n  transport-info -d -t tcp      only the tcp transport\n  transport-info -a             everything, including modules that did not load and why\n  transport-info -c -f          configuration variables with their documentation\n  transport-info -a --json      the same as JSON, for scripts\n\nEnvironment: UCT_TLS, UCT_MODULES, UCT_MODULE_DIR, UCT_LOG_LEVEL and the rest are listed by -c."
+    after_help = "Examples:\n  transport-info -d             memory domains and transports, with capabilities\n  transport-info -d -t tcp      only the tcp transport\n  transport-info -a             everything, including modules that did not load and why\n  transport-info -c -f          configuration variables with their documentation\n  transport-info -a --json      the same as JSON, for scripts\n  transport-info --topo         accelerators x NICs by PCIe path (PIX, PXB, PHB, NODE, SYS)\n\nEnvironment: UCT_TLS, UCT_MODULES, UCT_MODULE_DIR, UCT_LOG_LEVEL and the rest are listed by -c."
 )]
 struct Args {
     /// Print the uct-rs version.
@@ -45,6 +50,13 @@ struct Args {
     #[arg(short = 'b', long = "build")]
     build: bool,
 
+    /// The PCIe topology: accelerators (rows) x NICs (columns) by path type
+    /// as `nvidia-smi topo -m` shows it, NUMA nodes, and the NICs nearest
+    /// each accelerator. Reads /sys, or the tree UCT_SYSFS_ROOT names;
+    /// applies UCT_NIC_AFFINITY.
+    #[arg(long)]
+    topo: bool,
+
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -58,15 +70,40 @@ fn main() {
         eprintln!("transport-info: -f adds documentation to -c; use -c -f");
         std::process::exit(2);
     }
-    if !(args.version
+    let registry_wanted = args.version
         || args.devices
         || args.all
         || args.config
         || args.build
-        || args.transport.is_some())
-    {
-        eprintln!("transport-info: nothing to show; try -d (devices), -a (everything) or --help");
+        || args.transport.is_some();
+    if !(registry_wanted || args.topo) {
+        eprintln!(
+            "transport-info: nothing to show; try -d (devices), -a (everything), --topo or --help"
+        );
         std::process::exit(2);
+    }
+    let topo = args.topo.then(|| match Topology::discover() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("transport-info: {e}");
+            std::process::exit(1);
+        }
+    });
+    if !registry_wanted {
+        if let Some(t) = &topo {
+            if args.json {
+                match serde_json::to_string_pretty(&json!({ "topology": topo_view::json(t) })) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => {
+                        eprintln!("transport-info: cannot encode JSON: {e}");
+                        std::process::exit(1);
+                    }
+                }
+            } else {
+                print!("{}", topo_view::text(t));
+            }
+        }
+        return;
     }
     if args.transport.is_some() && !args.all {
         args.devices = true;
@@ -88,13 +125,13 @@ fn main() {
         }
     }
     if args.json {
-        print_json(&args, &reg);
+        print_json(&args, &reg, topo.as_ref());
     } else {
-        print_text(&args, &reg);
+        print_text(&args, &reg, topo.as_ref());
     }
 }
 
-fn print_text(args: &Args, reg: &Registry) {
+fn print_text(args: &Args, reg: &Registry, topo: Option<&Topology>) {
     let only = args.transport.as_deref();
     let mut out = String::new();
     if args.version && !(args.build || args.all) {
@@ -120,10 +157,13 @@ fn print_text(args: &Args, reg: &Registry) {
         }
         out.push_str(&text::config(&info::config(reg), args.full));
     }
+    if let Some(t) = topo {
+        out.push_str(&topo_view::text(t));
+    }
     print!("{out}");
 }
 
-fn print_json(args: &Args, reg: &Registry) {
+fn print_json(args: &Args, reg: &Registry, topo: Option<&Topology>) {
     let only = args.transport.as_deref();
     let mut report = Map::new();
     if args.version || args.all {
@@ -145,6 +185,9 @@ fn print_json(args: &Args, reg: &Registry) {
     }
     if args.config || args.all {
         report.insert("config".into(), json!(info::config(reg)));
+    }
+    if let Some(t) = topo {
+        report.insert("topology".into(), topo_view::json(t));
     }
     report.insert(
         "warnings".into(),
