@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use uct_core::{Iface, MemoryDomain, MemoryType, Registry, Resource};
+use uct_topo::{TopoError, Topology};
 
 use crate::error::{Result, TransferError};
 use crate::url::Offer;
@@ -196,9 +197,11 @@ pub(crate) fn device_md(
 
 /// The devices of `transport` a Transport of `rails` rails opens, in rail
 /// order: the `devices` named (a device may repeat: two connections over
-/// one link), or `first` (Builder::device) then the others as the
-/// transport lists them. Fewer devices than rails is refused by name,
-/// never made up.
+/// one link), or `first` (Builder::device) then the others nearest the
+/// memory first (see [`nearest_order`]; host memory, as the Builder does
+/// not pass its memory types here). Fewer devices than rails is refused by
+/// name, never made up. A malformed `UCT_NIC_AFFINITY`, or one naming a
+/// device that is not here, is refused with the topology's message.
 pub(crate) fn rail_candidates(
     registry: &Registry,
     transport: &str,
@@ -222,6 +225,13 @@ pub(crate) fn rail_candidates(
         .into_iter()
         .filter(|r| r.tl.transport == transport)
         .collect();
+    // Read even for one device: a bad UCT_NIC_AFFINITY is refused always.
+    let topo = Topology::discover().map_err(|e| TransferError::Config(e.to_string()))?;
+    let names: Vec<&str> = found.iter().map(|r| r.tl.device.as_str()).collect();
+    let order =
+        nearest_order(&names, &topo, HOST).map_err(|e| TransferError::Config(e.to_string()))?;
+    let mut slots: Vec<Option<Resource>> = found.into_iter().map(Some).collect();
+    found = order.iter().filter_map(|&i| slots[i].take()).collect();
     if let Some(d) = first {
         let at = found.iter().position(|r| r.tl.device == d).ok_or_else(|| {
             TransferError::NoTransport(
@@ -257,4 +267,101 @@ pub(crate) fn rail_candidates(
         .into_iter()
         .map(|resource| Candidate { resource })
         .collect())
+}
+
+/// The topology's name for host memory on no particular node.
+const HOST: &str = "host";
+
+/// The order to take `devices` (a transport's devices in registry order:
+/// `mlx5_0:1`, `eth0`, `lo`) in for memory on `memory` (`host`, `numa:N`,
+/// an accelerator): the devices the topology knows (on a PCI device) as
+/// `Topology::nics_for` ranks them, UCT_NIC_AFFINITY applied, then the
+/// others (rxe, lo, dummy) in registry order. With fewer than two known
+/// devices there is nothing to rank between: the registry order stays.
+/// Returns indices into `devices`.
+pub(crate) fn nearest_order(
+    devices: &[&str],
+    topo: &Topology,
+    memory: &str,
+) -> std::result::Result<Vec<usize>, TopoError> {
+    let identity: Vec<usize> = (0..devices.len()).collect();
+    // An rc device is `NIC:port`.
+    let nic_of = |d: &str| {
+        let name = match d.rsplit_once(':') {
+            Some((nic, port)) if port.parse::<u32>().is_ok() => nic,
+            _ => d,
+        };
+        topo.nic(name).map(|n| n.name.clone())
+    };
+    let nics: Vec<Option<String>> = devices.iter().map(|d| nic_of(d)).collect();
+    if nics.iter().flatten().count() < 2 {
+        return Ok(identity);
+    }
+    let ranked = topo.nics_for(memory)?;
+    let rank = |nic: &Option<String>| {
+        nic.as_ref()
+            .and_then(|n| ranked.iter().position(|c| &c.name == n))
+            .unwrap_or(usize::MAX)
+    };
+    let mut order = identity;
+    // Stable: devices on one NIC, and the unknown ones, keep their order.
+    order.sort_by_key(|&i| rank(&nics[i]));
+    Ok(order)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uct_topo::Affinity;
+
+    fn topo(name: &str) -> Topology {
+        let root = format!("{}/../topo/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+        Topology::from_root(root, None).unwrap()
+    }
+
+    fn ordered<'a>(devices: &[&'a str], t: &Topology, memory: &str) -> Vec<&'a str> {
+        nearest_order(devices, t, memory)
+            .unwrap()
+            .into_iter()
+            .map(|i| devices[i])
+            .collect()
+    }
+
+    #[test]
+    fn known_devices_come_nearest_first_and_the_others_keep_their_order() {
+        let t = topo("dgx-a800");
+        let devices = ["lo", "mlx5_1:1", "rxe0:1", "mlx5_2:1", "ibp52s0", "dummy0"];
+        // cuda0: mlx5_2 PIX, mlx5_4 (ibp52s0) NODE, mlx5_1 SYS.
+        assert_eq!(
+            ordered(&devices, &t, "cuda0"),
+            ["mlx5_2:1", "ibp52s0", "mlx5_1:1", "lo", "rxe0:1", "dummy0"]
+        );
+        // Host memory on node 1: mlx5_1 first.
+        assert_eq!(
+            ordered(&devices, &t, "numa:1"),
+            ["mlx5_1:1", "mlx5_2:1", "ibp52s0", "lo", "rxe0:1", "dummy0"]
+        );
+        // Host memory on no particular node: every NIC PHB, equal links: by name.
+        assert_eq!(
+            ordered(&devices, &t, "host"),
+            ["mlx5_1:1", "mlx5_2:1", "ibp52s0", "lo", "rxe0:1", "dummy0"]
+        );
+    }
+
+    #[test]
+    fn affinity_overrides_and_fewer_than_two_known_keep_the_order() {
+        let rules = Affinity::parse("cuda0=mlx5_1").unwrap();
+        let t = topo("dgx-a800").with_affinity(Some(rules)).unwrap();
+        assert_eq!(
+            ordered(&["mlx5_2:1", "mlx5_1:1"], &t, "cuda0"),
+            ["mlx5_1:1", "mlx5_2:1"]
+        );
+        // One known device, as on a host whose only PCI NIC is eth0.
+        assert_eq!(
+            ordered(&["lo", "mlx5_7:1"], &t, "cuda0"),
+            ["lo", "mlx5_7:1"]
+        );
+        assert_eq!(ordered(&["lo", "eth0"], &t, "host"), ["lo", "eth0"]);
+        assert!(nearest_order(&["mlx5_1:1", "mlx5_2:1"], &t, "gaudi0").is_err());
+    }
 }
