@@ -38,6 +38,14 @@ use error::list;
 pub const ROOT_VAR: &str = "UCT_SYSFS_ROOT";
 
 /// One NIC for a piece of memory, as [`Topology::nics_for`] ranks them.
+///
+/// ```
+/// let root = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/gb200");
+/// let topo = uct_topo::Topology::from_root(root, None).unwrap();
+/// let c = &topo.nics_for("cuda2").unwrap()[0];
+/// assert_eq!((c.name.as_str(), c.path.as_str(), c.hops), ("mlx5_2", "NODE", 5));
+/// assert_eq!(c.bandwidth_mbps, Some(504_123)); // 32 GT/s x16, 128b/130b
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NicChoice {
     /// The NIC's name (`mlx5_0`, or a network interface such as `eth0`).
@@ -86,10 +94,10 @@ impl Topology {
     ///
     /// ```
     /// // On any host: a topology, possibly without accelerators or NICs.
-    /// let topo = uct_topo::Topology::discover();
-    /// # std::env::remove_var("UCT_NIC_AFFINITY");
-    /// # if std::env::var_os("UCT_SYSFS_ROOT").is_none() { assert!(uct_topo::Topology::discover().is_ok()); }
-    /// if let Ok(t) = topo { println!("{} NICs", t.nics().len()); }
+    /// match uct_topo::Topology::discover() {
+    ///     Ok(t) => println!("{} accelerators, {} NICs", t.accelerators().len(), t.nics().len()),
+    ///     Err(e) => eprintln!("{e}"), // a bad UCT_NIC_AFFINITY or UCT_SYSFS_ROOT
+    /// }
     /// ```
     pub fn discover() -> Result<Topology, TopoError> {
         let affinity = Affinity::from_env()?;
