@@ -56,7 +56,7 @@ fn checked_in_trees_are_what_their_layouts_build() {
         assert_eq!(
             fixture::listing(&dir(name)),
             want,
-            "topo/fixtures/{name}/sys differs from its layout: rebuild it with UCT_RS_BLESS=1 cargo test -p uct-topo --test fixtures"
+            "topo/fixtures/{name}/sys differs from its layout: rebuild it with UCT_RS_BLESS=1 cargo test -p uct-topo --test fixtures -- --test-threads=1"
         );
     }
 }
