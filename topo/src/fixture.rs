@@ -186,8 +186,9 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
             out.push(format!("{rel}/"));
             walk(root, &p, out);
         } else {
-            let c = fs::read_to_string(&p).unwrap_or_default();
-            out.push(format!("{rel} = {}", c.trim()));
+            // Bounded, regular files only: a FIFO in a tree must not hang it.
+            let c = crate::sysfs::read_attr(&p).unwrap_or_else(|why| Some(format!("<{why}>")));
+            out.push(format!("{rel} = {}", c.unwrap_or_default()));
         }
     }
 }

@@ -121,9 +121,17 @@ impl Sysfs {
     }
 
     /// A small text file's trimmed content; None when absent (common: not
-    /// every device has every file).
-    pub fn read(&self, path: &Path) -> Option<String> {
-        fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+    /// every device has every file), or when it is not a sysfs attribute
+    /// (a FIFO, a device, a huge file, not UTF-8): then with a note.
+    pub fn read(&mut self, path: &Path) -> Option<String> {
+        match read_attr(path) {
+            Ok(v) => v,
+            Err(why) => {
+                self.notes
+                    .push(format!("{} {why}: taken as unknown", path.display()));
+                None
+            }
+        }
     }
 
     fn note_garbled(&mut self, path: &Path, value: &str) {
@@ -177,6 +185,42 @@ impl Sysfs {
         let class = hex(self.read(&dir.join("class"))?)?;
         Some((vendor, class))
     }
+}
+
+/// The most a sysfs attribute holds: a page on most kernels, a few on
+/// some. A larger file is not an attribute, and is not read whole.
+pub(crate) const MAX_ATTR: usize = 64 * 1024;
+
+/// The trimmed content of the attribute file at `path`: Ok(None) when it
+/// is absent; Err(why) when it is there but not a small regular UTF-8
+/// file. A FIFO would block the read for ever and /dev/zero never ends,
+/// so only regular files are opened, and at most [`MAX_ATTR`] bytes read.
+pub(crate) fn read_attr(path: &Path) -> Result<Option<String>, String> {
+    use std::io::Read;
+    let meta = match fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot be read ({e})")),
+    };
+    if !meta.is_file() {
+        return Err("is not a regular file (a FIFO, a device or a folder)".into());
+    }
+    let file = fs::File::open(path).map_err(|e| format!("cannot be opened ({e})"))?;
+    // Checked again on the file opened, in case it was swapped meanwhile.
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Err("is not a regular file (a FIFO, a device or a folder)".into());
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_ATTR as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot be read ({e})"))?;
+    if bytes.len() > MAX_ATTR {
+        return Err(format!(
+            "holds more than {MAX_ATTR} bytes, which no sysfs attribute does"
+        ));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_string())?;
+    Ok(Some(text.trim().to_string()))
 }
 
 /// `pciDDDD:BB`, a host bridge's folder.
