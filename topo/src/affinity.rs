@@ -2,6 +2,8 @@
 //! the ranking. A rule that names a device or a NIC that is not here is an
 //! error at start, never a silent fallback.
 
+use std::collections::HashSet;
+
 use crate::error::TopoError;
 
 /// The environment variable holding the rules.
@@ -48,7 +50,7 @@ impl Affinity {
             Ok(_) => Ok(None),
             Err(std::env::VarError::NotPresent) => Ok(None),
             Err(std::env::VarError::NotUnicode(v)) => Err(TopoError::AffinitySyntax {
-                rule: v.to_string_lossy().into_owned(),
+                rule: shown(&v.to_string_lossy()),
                 reason: "it is not UTF-8".into(),
             }),
         }
@@ -57,7 +59,23 @@ impl Affinity {
     /// Parses rules as `UCT_NIC_AFFINITY` holds them. A trailing `;` is
     /// allowed; anything else malformed is an error naming the rule.
     pub fn parse(text: &str) -> Result<Affinity, TopoError> {
+        if text.len() > MAX_TEXT {
+            return Err(bad(
+                text,
+                &format!(
+                    "the rules are {} bytes, more than the {MAX_TEXT} read (a host has tens of devices)",
+                    text.len()
+                ),
+            ));
+        }
+        if text.trim().is_empty() {
+            return Err(bad(
+                text,
+                "there is no rule; unset UCT_NIC_AFFINITY for the ranking by topology",
+            ));
+        }
         let mut rules: Vec<Rule> = Vec::new();
+        let mut devices = HashSet::new();
         let parts: Vec<&str> = text.split(';').map(str::trim).collect();
         let last = parts.len() - 1;
         for (i, part) in parts.iter().enumerate() {
@@ -81,14 +99,12 @@ impl Affinity {
             if nics.iter().any(|n| n.is_empty()) {
                 return Err(bad(part, "an empty NIC name (nothing after '=', or ',,')"));
             }
-            if let Some(d) = nics
-                .iter()
-                .enumerate()
-                .find(|(j, n)| nics[..*j].contains(n))
-            {
-                return Err(bad(part, &format!("NIC {} is listed twice", d.1)));
+            // Sets, not pairwise scans: a long value must not take minutes.
+            let mut seen = HashSet::new();
+            if let Some(d) = nics.iter().find(|n| !seen.insert(n.as_str())) {
+                return Err(bad(part, &format!("NIC {d} is listed twice")));
             }
-            if rules.iter().any(|r| r.device == device) {
+            if !devices.insert(device.to_string()) {
                 return Err(bad(part, &format!("a second rule for {device}")));
             }
             rules.push(Rule {
@@ -114,10 +130,24 @@ impl Affinity {
     }
 }
 
+/// The longest `UCT_NIC_AFFINITY` read: tens of devices with a few NICs
+/// each take a few hundred bytes.
+const MAX_TEXT: usize = 64 * 1024;
+
 fn bad(rule: &str, reason: &str) -> TopoError {
     TopoError::AffinitySyntax {
-        rule: rule.to_string(),
+        rule: shown(rule),
         reason: reason.to_string(),
+    }
+}
+
+/// A rule as messages quote it: cut short past 200 characters, so that a
+/// runaway value does not flood the log.
+pub(crate) fn shown(rule: &str) -> String {
+    const SHOWN: usize = 200;
+    match rule.char_indices().nth(SHOWN) {
+        Some((at, _)) => format!("{}... ({} bytes)", &rule[..at], rule.len()),
+        None => rule.to_string(),
     }
 }
 

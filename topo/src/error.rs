@@ -50,6 +50,15 @@ pub enum TopoError {
         /// What would have been accepted.
         known: String,
     },
+    /// A rule of `UCT_NIC_AFFINITY` names one device or NIC twice, by two
+    /// of its names.
+    #[error("UCT_NIC_AFFINITY rule {rule:?}: {what}; name each device in one rule and each NIC once per rule")]
+    AffinityDuplicate {
+        /// The rule as written.
+        rule: String,
+        /// What it repeats.
+        what: String,
+    },
 }
 
 /// `a, b, c`, or `none` for an empty list.

@@ -32,6 +32,7 @@ pub use error::TopoError;
 pub use path::{Path, PathType};
 pub use sysfs::{Link, PciLocation};
 
+use affinity::shown;
 use error::list;
 
 /// The environment variable that points discovery at another sysfs tree.
@@ -160,20 +161,45 @@ impl Topology {
     /// against what is here.
     pub fn with_affinity(mut self, affinity: Option<Affinity>) -> Result<Topology, TopoError> {
         if let Some(a) = &affinity {
+            let mut targets: Vec<(Memory<'_>, &Rule)> = Vec::new();
             for rule in a.rules() {
-                if self.memory(&rule.device).is_err() {
+                let Ok(target) = self.memory(&rule.device) else {
                     return Err(TopoError::AffinityUnknownDevice {
-                        rule: rule.text.clone(),
-                        device: rule.device.clone(),
+                        rule: shown(&rule.text),
+                        device: shown(&rule.device),
                         known: self.known_devices(),
                     });
-                }
-                if let Some(nic) = rule.nics.iter().find(|n| self.nic(n).is_none()) {
-                    return Err(TopoError::AffinityUnknownNic {
-                        rule: rule.text.clone(),
-                        nic: nic.clone(),
-                        known: list(self.nics.iter().map(|n| n.name.as_str())),
+                };
+                // cuda0 and its bus id (in either case) are one device: two
+                // rules for it would leave which one wins to their order.
+                if let Some((_, first)) = targets.iter().find(|(t, _)| *t == target) {
+                    return Err(TopoError::AffinityDuplicate {
+                        rule: shown(&rule.text),
+                        what: format!(
+                            "{} is the device of rule {:?} too",
+                            rule.device,
+                            shown(&first.text)
+                        ),
                     });
+                }
+                targets.push((target, rule));
+                let mut nics: Vec<&str> = Vec::new();
+                for want in &rule.nics {
+                    let Some(nic) = self.nic(want) else {
+                        return Err(TopoError::AffinityUnknownNic {
+                            rule: shown(&rule.text),
+                            nic: shown(want),
+                            known: list(self.nics.iter().map(|n| n.name.as_str())),
+                        });
+                    };
+                    // mlx5_0 and its interface ibp12s0 are one NIC.
+                    if nics.contains(&nic.name.as_str()) {
+                        return Err(TopoError::AffinityDuplicate {
+                            rule: shown(&rule.text),
+                            what: format!("{want} is NIC {} again", nic.name),
+                        });
+                    }
+                    nics.push(&nic.name);
                 }
             }
         }
