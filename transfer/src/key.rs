@@ -98,7 +98,10 @@ impl RemoteBuffer {
         let bad = |why: String| TransferError::BadKey { why };
         let key = key.trim();
         if key.len() > MAX_KEY {
-            return Err(bad(format!("{} bytes, more than {MAX_KEY}", key.len())));
+            return Err(bad(format!(
+                "{} bytes, more than the {MAX_KEY} a key may have: pass the key alone, as the peer's Memory::remote_key wrote it",
+                key.len()
+            )));
         }
         let rest = key
             .strip_prefix(PREFIX)
@@ -232,7 +235,7 @@ impl RemoteBuffer {
         if self.key.rails.len() != rails {
             return Err(TransferError::BadKey {
                 why: format!(
-                    "it carries {} rail(s), and this connection has {rails}: it was registered with another Transport; register the memory with the Transport the peer connected to",
+                    "it carries {} rail(s), and this connection has {rails}: the peer registered that memory with another of its Transports; the peer must register it with the Transport this one connected to (and send that key)",
                     self.key.rails.len()
                 ),
             });
@@ -366,6 +369,10 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert!(w.contains("2 rail(s)") && w.contains("has 1"), "{w}");
+        // It is the peer's memory: the peer has to act, not this side.
+        assert!(w.contains("the peer must register it"), "{w}");
+        let long = "x".repeat(MAX_KEY + 1);
+        assert!(why(long.clone()).contains("pass the key alone"));
         // With the same rail count, rail 1's entry is unpacked (this
         // payload is not a real self rkey: its refusal is the component's).
         if let Err(e) = remote.rkey_for(1, 2, "self", "self") {

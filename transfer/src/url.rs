@@ -108,9 +108,11 @@ fn parse_offer(s: &str) -> std::result::Result<Offer, String> {
     let [transport, device, dev, iface, ep] = fields[..] else {
         return Err(format!("{} fields, not 5", fields.len()));
     };
+    // Names reach messages and logs: no control characters (a newline or
+    // a terminal escape from the peer would forge or hide log lines).
     let name = |what: &str, v: &str| {
         unescape(v)
-            .filter(|n| !n.is_empty())
+            .filter(|n| !n.is_empty() && !n.chars().any(char::is_control))
             .ok_or_else(|| format!("its {what} {v:?} is not a name"))
     };
     let bytes = |what: &str, v: &str| unhex(v).ok_or_else(|| format!("its {what} is not hex"));
@@ -203,6 +205,16 @@ mod tests {
             "{}",
             err(&forged)
         );
+        // A name with a newline or a terminal escape in it is no name.
+        for name in ["lo%0aWARN%20forged", "%1b%5b2J", "%7f"] {
+            let body = format!("uct://v1/0000000000000007/tcp:{name}:00:00:");
+            let forged = format!("{body}#{}", check(&body));
+            assert!(
+                matches!(err(&forged), TransferError::BadUrl { .. }),
+                "{name}: {}",
+                err(&forged)
+            );
+        }
         let body = "uct://v1/0000000000000007";
         let empty = format!("{body}#{}", check(body));
         assert!(matches!(err(&empty), TransferError::BadUrl { .. }));
