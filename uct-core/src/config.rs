@@ -139,6 +139,18 @@ pub const CORE_CONFIG: &[ConfigVar] = &[
         kind: ConfigKind::Duration,
         doc: "How long the out-of-band bootstrap channel waits to connect and for each message before giving up.",
     },
+    ConfigVar {
+        name: "UCT_SYSFS_ROOT",
+        default: "/",
+        kind: ConfigKind::String,
+        doc: "Root of the tree the PCIe topology is read from (<root>/sys/bus/pci, ...). Point it at a saved tree such as topo/fixtures/dgx-a800 to see how NICs would be chosen there.",
+    },
+    ConfigVar {
+        name: "UCT_NIC_AFFINITY",
+        default: "",
+        kind: ConfigKind::String,
+        doc: "NIC order per device, overriding the topology: DEVICE=NIC[,NIC...] separated by `;`, DEVICE an accelerator (gaudi0, cuda1), a PCI bus id, `host` or `numa:N`. A rule naming a device or NIC that is not there fails at start.",
+    },
 ];
 
 /// Where a value came from.
