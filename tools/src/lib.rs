@@ -1,6 +1,7 @@
 //! Shared code of the uct-rs command-line tools. Each binary links the
 //! built-in components with `uct_builtins::link()` at the top of `main`.
 
+pub mod ceiling;
 pub mod info;
 pub mod perf;
 pub mod plot;

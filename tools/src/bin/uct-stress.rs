@@ -14,7 +14,7 @@ use uct_core::{
 #[command(
     name = "uct-stress",
     about = "Bounded stress runs: memory cycles and many endpoints, each checked; exit 0 when every check held",
-    after_help = "Examples:\n  uct-stress mem-cycles --md gaudi0 --count 500       alloc, DMA-buf query, free (fds counted)\n  uct-stress mem-cycles --md gaudi0 --nic rc          ... and register each with the NIC\n  uct-stress endpoints -t tcp -d lo --count 64        64 endpoints to one iface, a put on each\n  uct-stress scale -t posix --endpoints 1,8,64,256    cost per peer at 1..256 peers (--json for JSON)"
+    after_help = "Examples:\n  uct-stress mem-cycles --md gaudi0 --count 500       alloc, DMA-buf query, free (fds counted)\n  uct-stress mem-cycles --md gaudi0 --nic rc          ... and register each with the NIC\n  uct-stress endpoints -t tcp -d lo --count 64        64 endpoints to one iface, a put on each\n  uct-stress scale -t posix --endpoints 1,8,64,256    cost per peer at 1..256 peers (--json for JSON)\n  uct-stress ceiling --sizes 8,64k,4m                 memcpy, process_vm_writev, tcp: the machine's own bounds"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -75,6 +75,19 @@ enum Cmd {
         #[arg(long, default_value_t = 100_000)]
         progress_calls: u64,
         /// Print the rows as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What the machine allows with no transport in the way, for the
+    /// ceilings of docs/perf-notes.md: memcpy, process_vm_writev and a
+    /// loopback tcp stream per size (MiB/s), a cache-line ping-pong
+    /// between CPUs 0 and 1 and a loopback tcp ping-pong (us one way);
+    /// the median of 5 batches, pinned as compare-ucx pins the tools.
+    Ceiling {
+        /// Sizes, comma-separated (8, 1k, 64k, 4m).
+        #[arg(long, default_value = "8,1k,8k,64k,1m,4m", value_delimiter = ',')]
+        sizes: Vec<String>,
+        /// Print the ceilings as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -425,6 +438,36 @@ fn scale(params: tools::scale::ScaleParams, json: bool) -> Result<String, String
     ))
 }
 
+fn ceiling(sizes: &[String], json: bool) -> Result<String, String> {
+    let sizes = sizes
+        .iter()
+        .map(|s| tools::ceiling::parse_size(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let rows = tools::ceiling::run(&sizes, |c| {
+        let line = format!(
+            "{:<20} {:>8} {:>14.3} {:<5} batches {}",
+            c.what,
+            tools::text::size(c.size as u64),
+            c.value,
+            c.unit,
+            c.batches
+                .iter()
+                .map(|b| format!("{b:.3}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    })?;
+    if json {
+        return serde_json::to_string_pretty(&rows).map_err(|e| e.to_string());
+    }
+    Ok(format!("ceiling: {} ceilings measured", rows.len()))
+}
+
 fn main() {
     uct_builtins::link();
     uct_core::logging::init();
@@ -458,6 +501,7 @@ fn main() {
             },
             json,
         ),
+        Cmd::Ceiling { sizes, json } => ceiling(&sizes, json),
     };
     match outcome {
         Ok(line) => println!("{line}"),
