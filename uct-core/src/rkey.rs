@@ -2,7 +2,7 @@
 //! entry per memory domain that registered the region). Unpacking untrusted
 //! bytes returns a value or an error, never a panic.
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::fmt;
 
 use serde::de::DeserializeOwned;
@@ -195,6 +195,10 @@ pub struct RemoteKey {
     component: String,
     md: String,
     inner: Box<dyn Any + Send + Sync>,
+    /// `inner`'s concrete type, read once: [`downcast`](Self::downcast)
+    /// runs on every remote access, and `Any::type_id` is a call through
+    /// the vtable (with the compare, 8% of a posix 8 B get).
+    inner_type: TypeId,
 }
 
 impl RemoteKey {
@@ -204,10 +208,13 @@ impl RemoteKey {
         md: impl Into<String>,
         inner: Box<dyn Any + Send + Sync>,
     ) -> Self {
+        // The boxed value's type, not the Box's: deref first.
+        let inner_type = (*inner).type_id();
         RemoteKey {
             component: component.into(),
             md: md.into(),
             inner,
+            inner_type,
         }
     }
 
@@ -224,12 +231,22 @@ impl RemoteKey {
     /// The component's own key type, or an error naming both sides.
     #[inline]
     pub fn downcast<T: 'static>(&self, expected_md: &str) -> Result<&T> {
-        self.inner
-            .downcast_ref::<T>()
-            .ok_or_else(|| UctError::RkeyMismatch {
-                expected: format!("memory domain {expected_md}"),
-                found: format!("memory domain {} of component {}", self.md, self.component),
-            })
+        if self.inner_type == TypeId::of::<T>() {
+            let ptr = &*self.inner as *const (dyn Any + Send + Sync) as *const T;
+            // SAFETY: inner_type is the TypeId of the value `inner` holds
+            // (read in `new`, and `inner` is never replaced), so that value
+            // is a T; the reference borrows `self`, which owns the box.
+            return Ok(unsafe { &*ptr });
+        }
+        Err(self.mismatch(expected_md))
+    }
+
+    #[cold]
+    fn mismatch(&self, expected_md: &str) -> UctError {
+        UctError::RkeyMismatch {
+            expected: format!("memory domain {expected_md}"),
+            found: format!("memory domain {} of component {}", self.md, self.component),
+        }
     }
 }
 
