@@ -18,7 +18,7 @@ use uct_core::{Completion, UctError};
 
 use crate::outgoing::Outgoing;
 pub use crate::outgoing::Payload;
-use crate::sockopt::{delay_acks, send_owed_ack, set_peer_timeout};
+use crate::sockopt::{delay_acks, send_owed_ack, set_linger_zero, set_peer_timeout, unconnected};
 use crate::wire::{self, Header, Parsed};
 
 /// Bytes a connection queues before senders get NoResource.
@@ -195,10 +195,31 @@ impl Conn {
         Ok(())
     }
 
-    /// Closes both directions: the peer sees the end of the connection now,
-    /// not when the last endpoint holding the link is dropped.
-    pub fn close(&mut self) {
-        let _ = self.stream.shutdown(Shutdown::Both);
+    /// Ends a connection that failed, now, not when the last endpoint
+    /// holding the link is dropped, and abortively: the kernel drops what
+    /// it still holds for the peer and resets the connection (SO_LINGER 0).
+    /// A plain close would send that on for up to the peer timeout after
+    /// this side gave up on it: a put landing after its re-post elsewhere
+    /// (transfer's rails), over data written since. The socket is swapped
+    /// for an unconnected one, which the failed link keeps until dropped;
+    /// dropping a link that did not fail closes it plainly.
+    pub fn abort(&mut self) {
+        match unconnected() {
+            Ok(spare) => {
+                let failed = std::mem::replace(&mut self.stream, spare);
+                set_linger_zero(&failed);
+                drop(failed);
+            }
+            // Out of descriptors: it ends now all the same, and is reset
+            // when dropped.
+            Err(e) => {
+                log::debug!(
+                    "tcp: no socket to swap in ({e}); the failed connection is reset when dropped"
+                );
+                set_linger_zero(&self.stream);
+                let _ = self.stream.shutdown(Shutdown::Both);
+            }
+        }
     }
 
     /// Whether the peer is gone with nothing left to read from it: it

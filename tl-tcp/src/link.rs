@@ -302,8 +302,9 @@ impl Link {
         Ok(())
     }
 
-    /// Fails every operation on the link with `err` and closes the
-    /// connection (the peer sees it closed now).
+    /// Fails every operation on the link with `err` and resets the
+    /// connection: the peer sees it end now, and nothing queued before
+    /// reaches it any more (`Conn::abort`).
     pub(crate) fn fail(&mut self, err: UctError) {
         if self.failed.is_some() {
             return;
@@ -311,7 +312,7 @@ impl Link {
         log::debug!("tcp link to {}: {err}", self.peer());
         self.requests.fail_all(&err);
         self.conn.fail_queued(&err);
-        self.conn.close();
+        self.conn.abort();
         self.failed = Some(err);
     }
 

@@ -1,8 +1,9 @@
 //! Socket options of a connection: how long a silent or unacknowledging
-//! peer is tolerated before the kernel reports the connection failed.
+//! peer is tolerated before the kernel reports the connection failed, and
+//! the abortive close of one that failed.
 
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use uct_core::UctError;
@@ -108,4 +109,45 @@ pub(crate) fn delay_acks(fd: RawFd) {
 pub(crate) fn send_owed_ack(fd: RawFd) {
     set_quickack(fd, 1);
     set_quickack(fd, 0);
+}
+
+/// Sets SO_LINGER {on, 0}: closing the socket then drops what the kernel
+/// still holds to send and resets the connection, where a plain close
+/// sends it on, for up to the peer timeout. Should the option not take,
+/// the close stays a plain one.
+pub(crate) fn set_linger_zero(stream: &TcpStream) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: the fd is a live socket owned by `stream`; SO_LINGER reads
+    // one `linger` at the pointer, a live local of the size passed.
+    let status = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &linger as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    if status != 0 {
+        log::debug!(
+            "tcp: SO_LINGER 0 refused ({}); the failed connection closes plainly",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// A TCP socket connected to nothing: what a failed connection keeps in
+/// place of its socket once that is reset.
+pub(crate) fn unconnected() -> std::io::Result<TcpStream> {
+    // SAFETY: socket() takes no pointers; its result is checked below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a socket just made, owned by nothing else.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(TcpStream::from(owned))
 }
