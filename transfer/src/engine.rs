@@ -253,6 +253,12 @@ impl Engine {
         }
     }
 
+    /// The longest write one put carries (max_zcopy capped by max_piece):
+    /// a notified write up to it is one put with immediate.
+    pub(crate) fn max_put(&self) -> usize {
+        self.posting.max_put
+    }
+
     /// Whether anything waits to be posted.
     pub(crate) fn has_queued(&self) -> bool {
         !self.queue.is_empty() || !self.notices.is_empty()

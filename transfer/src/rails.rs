@@ -12,19 +12,29 @@
 //!   Each stripe is a plain put (or get) of its own, which completes once
 //!   it has landed (tcp: its flush answered; rc: the peer's
 //!   acknowledgement).
-//! - A notified write is notified once, after every stripe has landed: its
+//! - A notified write is notified after every stripe has landed: its
 //!   notification is an active message queued on the primary rail (the
 //!   first in service) in the order of the writes, and sent only once
 //!   every stripe's completion has come; the peer therefore sees it after
-//!   all the bytes, and only one.
+//!   all the bytes. Only a write that fits one put with immediate on every
+//!   rail (below the stripe minimum) is that put instead, on the primary
+//!   rail, behind the queued messages (`stripe::by_one_imm`).
 //! - A rail whose endpoint fails (a stripe ends with the endpoint's
 //!   failure and the endpoint's liveness check agrees, or the check fails
 //!   on its own) is taken out of service, logged once with its reason: its
 //!   endpoint closes, its iface stays (it still receives what the peer
 //!   sends over it), and its stripes not known to have landed are posted
-//!   again, whole, on the rails left. Writing the same bytes twice is
-//!   harmless. The write succeeds while one rail remains; when none does,
-//!   the connection fails as a single rail's would.
+//!   again, whole, on the rails left; its unsent notifications move to the
+//!   next primary. The same bytes written twice are harmless only if the
+//!   first attempt cannot land after the re-post was notified (the
+//!   application may have written that buffer again since): so a failed
+//!   endpoint must send nothing more. tcp resets a link that failed
+//!   (SO_LINGER 0: the kernel drops what it still held for the peer,
+//!   rather than sending it for up to the peer timeout); what the peer had
+//!   already received is executed by its next progress calls. A put with
+//!   immediate posted again may notify twice (docs/design.md, Rails). The
+//!   write succeeds while one rail remains; when none does, the connection
+//!   fails as a single rail's would.
 //! - A rail out of service stays out until `Transport::restore_rail`
 //!   re-adds it (transports that connect to the peer's iface only: a new
 //!   endpoint to the same address).
@@ -101,6 +111,10 @@ pub(crate) struct Rails {
     /// when it fails, so that notifications stay in order.
     pub primary: usize,
     pub stripe_min: usize,
+    /// The longest notified write sent whole as one put with immediate:
+    /// the smallest put limit of the rails, so that it is one on whichever
+    /// rail it is posted again.
+    pub imm_max: usize,
     /// What stripe completions report, handled by the next turn.
     pub events: Arc<Mutex<Events>>,
     /// The rail the next single-stripe operation goes on.
@@ -138,6 +152,7 @@ impl Rails {
             first.component.clone(),
             first.notify,
         );
+        let imm_max = engines.iter().map(|(e, ..)| e.max_put()).min().unwrap_or(0);
         let bandwidths: Vec<f64> = engines
             .iter()
             .map(|(e, ..)| e.iface.attrs().bandwidth_bps)
@@ -166,6 +181,7 @@ impl Rails {
             rails,
             primary: 0,
             stripe_min: stripe_min.max(1),
+            imm_max,
             events: Arc::new(Mutex::new(Events::default())),
             next: 0,
             peer_token,
@@ -366,7 +382,9 @@ impl Rails {
     fn repost(&mut self, s: &Arc<Stripe>) {
         let up = self.up();
         // One that carries its notification goes on the primary rail, in
-        // order with the others.
+        // order with the others. If its put had landed and only the answer
+        // went with the rail, the peer is notified twice: an immediate
+        // carries only the tag, nothing to drop a repeat by.
         let at = if s.tag.is_some() {
             up.iter().position(|&i| i == self.primary).unwrap_or(0)
         } else {
@@ -388,6 +406,17 @@ impl Rails {
             again
                 .target
                 .finish(Err(UctError::InvalidParam(e.to_string())));
+        }
+    }
+
+    /// Takes rail `i` out of service as a failure found by `turn` would,
+    /// at a moment the test chose.
+    #[cfg(test)]
+    pub(crate) fn fail_rail(&mut self, i: usize, why: &str) {
+        let mut again = Vec::new();
+        self.take_down(i, why, false, &mut again);
+        for s in again {
+            self.repost(&s);
         }
     }
 

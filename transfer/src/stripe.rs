@@ -151,23 +151,17 @@ pub(crate) fn submit(
             Dir::Read => Counters::add(&counters.reads, 1),
         }
         let notified = p.tag.filter(|_| p.dir == Dir::Write);
-        let whole = p.len < rails.stripe_min || up.len() < 2;
+        let small = p.len < rails.stripe_min || up.len() < 2;
         let stripes = match notified {
-            // Sent whole on the primary rail, notified by its own put (the
-            // immediate where there is one), in order with the others.
-            Some(tag) if whole => {
-                let by_imm = rails.notify == crate::engine::NotifyPath::Immediate;
-                let counter = if by_imm {
-                    &counters.sent_imm
-                } else {
-                    &counters.sent_msg
-                };
-                Counters::add(counter, 1);
+            // Sent whole on the primary rail as one put with immediate, in
+            // order with the other notifications.
+            Some(tag) if small && by_one_imm(rails, p.len) => {
+                Counters::add(&counters.sent_imm, 1);
                 comp.start();
                 vec![stripe_of(&p, rails.primary, 0, p.len, Some(tag), comp)]
             }
-            // Its stripes, then its notification on the primary rail once
-            // every one has landed.
+            // Its stripes (one below the stripe minimum), then its
+            // notification on the primary rail once every one has landed.
             Some(tag) => {
                 Counters::add(&counters.sent_msg, 1);
                 let landed = Completion::new();
@@ -215,6 +209,19 @@ pub(crate) fn submit(
     }
     comp.finish(Ok(()));
     Ok(())
+}
+
+/// Whether a notified write of `len` bytes goes whole as one put with
+/// immediate: only where the transport notifies by immediate and `len`
+/// fits one put on every rail (so on any it is posted again on). Anything
+/// else the engine would notify itself (a flush then its own queued
+/// message, or a fence then a message that skips the queue): a rail
+/// failure would then both move that notification and post the write
+/// again (two notifications), or a message could overtake an earlier
+/// striped write's. So it goes as a plain stripe whose notification the
+/// rails queue, like a striped write's.
+fn by_one_imm(rails: &Rails, len: usize) -> bool {
+    rails.notify == crate::engine::NotifyPath::Immediate && len <= rails.imm_max
 }
 
 /// A stripe of `p`: `len` bytes from `at`, on `rail`. The caller has
@@ -367,5 +374,83 @@ mod tests {
         let s = split(100, &[1.0, 1.0, 1.0]);
         assert_eq!(s.iter().sum::<usize>(), 100);
         assert_eq!(split(7, &[1.0]), vec![7]);
+    }
+
+    /// A notified write below the stripe minimum that one put with
+    /// immediate cannot carry (longer than max_write_piece) has landed, and
+    /// its notification waits behind an earlier striped write's, when the
+    /// primary rail fails: the peer gets one notification per write (the
+    /// notification moved to the next primary, the write not posted again
+    /// with one of its own).
+    #[test]
+    fn a_small_notified_write_is_notified_once_when_the_primary_fails() {
+        use crate::shared::Phase;
+        use crate::{MemoryType, Progress, RemoteBuffer, Transport};
+        use std::time::{Duration, Instant};
+
+        const BIG: usize = 128 << 10;
+        const SMALL: usize = 8 << 10;
+        let limit = Duration::from_secs(30);
+        let build = |progress| {
+            Transport::builder()
+                .transport("tcp")
+                .devices(&["lo", "lo"])
+                .stripe_min(64 << 10)
+                .max_write_piece(4096)
+                .progress(progress)
+                .build()
+                .expect("two tcp rails on lo")
+        };
+        // The writer's progress is driven here, rail by rail.
+        let (w, r) = (build(Progress::Manual), build(Progress::Thread));
+        let (uw, ur) = (w.bind().unwrap(), r.bind().unwrap());
+        w.connect(&ur).unwrap();
+        r.connect(&uw).unwrap();
+        let src = Memory::alloc(&w, MemoryType::Host, BIG + SMALL).unwrap();
+        let dst = Memory::alloc(&r, MemoryType::Host, BIG + SMALL).unwrap();
+        let data: Vec<u8> = (0..BIG + SMALL).map(|i| (i / 64) as u8 ^ 0x5a).collect();
+        src.write_bytes(0, &data).unwrap();
+        let remote = RemoteBuffer::parse(&dst.remote_key()).unwrap();
+        let part = |at, len| (src.view(at, len).unwrap(), remote.slice(at, len).unwrap());
+        let (v, to) = part(0, BIG);
+        let striped = w.write_tagged(&v, &to, 1);
+        let (v, to) = part(BIG, SMALL);
+        let small = w.write_tagged(&v, &to, 2);
+        let with_rails = |f: &mut dyn FnMut(&mut Rails)| {
+            let mut phase = lock(&w.shared.phase);
+            let Phase::Connected(rails) = &mut *phase else {
+                panic!("the writer is not connected");
+            };
+            f(rails);
+        };
+        // Rail 0 alone: the small write lands (its flush is answered) while
+        // the striped write's stripe on rail 1 is not seen to complete, so
+        // its notification, and the small one's behind it, wait.
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(300) {
+            with_rails(&mut |rails: &mut Rails| {
+                let eng = rails.rails[0].engine().expect("rail 0 in service");
+                eng.turn().expect("rail 0 works");
+            });
+        }
+        assert!(
+            !striped.is_done() && !small.is_done(),
+            "a notification went before the striped write's stripe on rail 1 completed"
+        );
+        with_rails(&mut |rails: &mut Rails| rails.fail_rail(0, "failed by the test"));
+        w.wait_within(striped, limit).unwrap().unwrap();
+        w.wait_within(small, limit).unwrap().unwrap();
+        for tag in [1, 2] {
+            let n = r.wait_within(r.wait_for_write(), limit).unwrap().unwrap();
+            assert_eq!(n.tag, tag, "notification {tag} out of order");
+        }
+        // Anything more was sent before the small write resolved.
+        match r.wait_within(r.wait_for_write(), Duration::from_millis(500)) {
+            Err(TransferError::TimedOut { .. }) => {}
+            other => panic!("a third notification for two writes: {other:?}"),
+        }
+        let mut got = vec![0u8; BIG + SMALL];
+        dst.read_bytes(0, &mut got).unwrap();
+        assert!(got == data, "the writes did not land whole");
     }
 }
