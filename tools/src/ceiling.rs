@@ -37,6 +37,9 @@ pub struct Ceiling {
     pub batches: Vec<f64>,
 }
 
+/// The longest any read of the tcp measures waits.
+const IO_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Batches per ceiling; the median is reported.
 const BATCHES: usize = 5;
 
@@ -133,7 +136,7 @@ pub fn process_vm_writev_bw(size: usize) -> Result<Ceiling, String> {
             let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
             if n != size as isize {
                 return Err(format!(
-                    "process_vm_writev of {size} bytes returned {n}: {}; cma needs it (ptrace_scope)",
+                    "process_vm_writev of {size} bytes into this process returned {n}: {}; a seccomp profile (containers) may forbid it, as it would cma",
                     std::io::Error::last_os_error()
                 ));
             }
@@ -214,6 +217,7 @@ pub fn tcp_stream_bw(size: usize) -> Result<Ceiling, String> {
     let reader = std::thread::spawn(move || -> Result<(), String> {
         pin(0);
         let (mut s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+        let _ = s.set_read_timeout(Some(IO_LIMIT));
         let mut buf = vec![0u8; size];
         for _ in 0..rounds {
             let mut left = total;
@@ -233,6 +237,8 @@ pub fn tcp_stream_bw(size: usize) -> Result<Ceiling, String> {
     pin(1);
     let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
     let _ = s.set_nodelay(true);
+    // A stray connection or a stalled peer thread must not hang the run.
+    let _ = s.set_read_timeout(Some(IO_LIMIT));
     let buf = vec![0x5au8; size];
     let mut batches = Vec::with_capacity(rounds);
     for _ in 0..rounds {
@@ -267,6 +273,7 @@ pub fn cacheline_pingpong() -> Ceiling {
     let echo = std::thread::spawn(move || {
         pin(0);
         let mut last = 0;
+        let mut idle = 0u32;
         loop {
             let v = p2.0 .0.load(Ordering::Acquire);
             if v == STOP {
@@ -275,8 +282,14 @@ pub fn cacheline_pingpong() -> Ceiling {
             if v != last {
                 last = v;
                 p2.1 .0.store(v, Ordering::Release);
+                idle = 0;
             } else {
-                std::hint::spin_loop();
+                idle += 1;
+                if idle.is_multiple_of(1 << 16) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
             }
         }
     });
@@ -290,10 +303,18 @@ pub fn cacheline_pingpong() -> Ceiling {
             i += 1;
             done += 1;
             ping.0 .0.store(i, Ordering::Release);
+            let mut spins = 0u32;
             while ping.1 .0.load(Ordering::Acquire) != i {
-                std::hint::spin_loop();
+                spins += 1;
+                // Both threads on one CPU (pinning refused, a 1-CPU
+                // cpuset): give the echo its turn.
+                if spins.is_multiple_of(1 << 16) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
             }
-            if done.is_multiple_of(1024) && t.elapsed().as_secs() >= 1 {
+            if done.is_multiple_of(64) && t.elapsed().as_secs() >= 1 {
                 break;
             }
         }
@@ -316,6 +337,8 @@ pub fn tcp_pingpong(size: usize) -> Result<Ceiling, String> {
         pin(0);
         let (mut s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
         let _ = s.set_nodelay(true);
+        // A stray connection or a stalled peer thread must not hang the run.
+        let _ = s.set_read_timeout(Some(IO_LIMIT));
         let mut buf = vec![0u8; size];
         for _ in 0..iters * rounds {
             s.read_exact(&mut buf).map_err(|e| format!("read: {e}"))?;
@@ -326,6 +349,8 @@ pub fn tcp_pingpong(size: usize) -> Result<Ceiling, String> {
     pin(1);
     let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
     let _ = s.set_nodelay(true);
+    // A stray connection or a stalled peer thread must not hang the run.
+    let _ = s.set_read_timeout(Some(IO_LIMIT));
     let mut buf = vec![0x5au8; size];
     let mut batches = Vec::with_capacity(rounds);
     for _ in 0..rounds {

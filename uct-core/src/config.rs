@@ -149,7 +149,7 @@ pub const CORE_CONFIG: &[ConfigVar] = &[
         name: "UCT_NIC_AFFINITY",
         default: "",
         kind: ConfigKind::String,
-        doc: "NIC order per device, overriding the topology: DEVICE=NIC[,NIC...] separated by `;`, DEVICE an accelerator (gaudi0, cuda1), a PCI bus id, `host` or `numa:N`. A rule naming a device or NIC that is not there fails at start.",
+        doc: "NIC order per device, overriding the topology: DEVICE=NIC[,NIC...] separated by `;`, DEVICE an accelerator (gaudi0, cuda1), a PCI bus id, `host` or `numa:N`. Read by transport-info --topo and by the build of a multi-rail transfer-API Transport without explicit devices, which a rule naming a device or NIC that is not there fails.",
     },
 ];
 

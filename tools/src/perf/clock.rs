@@ -77,3 +77,47 @@ impl Default for Clock {
         Self::new()
     }
 }
+
+/// When the perftest server, waiting for the client's end, looks at the
+/// bootstrap socket. A look is a poll() system call (about 1 us here):
+/// every 64 progress calls it was a quarter of a posix am_bw server's
+/// time, the side that bounds that test. Unvalidated, the client sends
+/// nothing until it is done, so look at most every [`Looks::GAP`] (the
+/// clock read every 64 calls; the wait for Done counts in the client's
+/// time); validated, it waits for an answer after every iteration, so
+/// every 64 calls.
+pub(super) struct Looks {
+    calls: u32,
+    validate: bool,
+    last: Instant,
+}
+
+impl Looks {
+    const GAP: Duration = Duration::from_micros(50);
+
+    pub(super) fn new(validate: bool) -> Self {
+        Looks {
+            calls: 0,
+            validate,
+            last: Instant::now(),
+        }
+    }
+
+    /// Counts one progress call; whether to look now.
+    #[inline]
+    pub(super) fn due(&mut self) -> bool {
+        self.calls = self.calls.wrapping_add(1);
+        if !self.calls.is_multiple_of(64) {
+            return false;
+        }
+        if self.validate {
+            return true;
+        }
+        let now = Instant::now();
+        if now.duration_since(self.last) < Self::GAP {
+            return false;
+        }
+        self.last = now;
+        true
+    }
+}

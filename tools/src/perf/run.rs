@@ -599,22 +599,17 @@ fn server(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Res
     // the phase's budget.
     let budget = phase_budget(iters, size);
     let started = Instant::now();
-    let mut polls = 0u32;
-    // A poll of the bootstrap socket is a system call (about 1 us here):
-    // every 64 progress calls it was a quarter of a posix am_bw server's
-    // time, the side that bounds that test. Unvalidated, the client sends
-    // nothing until it is done, so look rarely; validated, it waits for an
-    // answer after every iteration.
-    let poll_every: u32 = if session.params.validate { 64 } else { 4096 };
+    let mut looks = super::clock::Looks::new(session.params.validate);
+    let mut looked = 0u32;
     loop {
         session.iface.progress();
         alive(session)?;
-        polls = polls.wrapping_add(1);
-        if !polls.is_multiple_of(poll_every) {
+        if !looks.due() {
             continue;
         }
         if !session.ch.poll_readable(Duration::ZERO)? {
-            if polls.is_multiple_of(64 * 1024) && started.elapsed() > budget {
+            looked = looked.wrapping_add(1);
+            if looked.is_multiple_of(4096) && started.elapsed() > budget {
                 return Err(PerfError::Protocol(format!(
                     "the client has not finished {iters} iterations of {size} bytes in {} s, though it looks alive; it is stuck (or slower than 1 MB/s and 1000 iterations/s)",
                     budget.as_secs()
