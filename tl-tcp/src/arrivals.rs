@@ -7,12 +7,23 @@
 //! Nothing is kept here between progress calls: a put with immediate data
 //! that may not be delivered yet waits unread in its link (`link.rs`).
 
+use std::time::{Duration, Instant};
+
 use uct_core::{AmHandlers, ImmEvent, ImmHandlerSlot};
 
 /// Arrivals whose room the batch keeps between progress calls.
 const KEEP_ARRIVALS: usize = 256;
 /// Bytes of active messages whose room the batch keeps between calls.
 const KEEP_BYTES: usize = 256 * 1024;
+/// How long no batch may have needed more than KEEP_* before the room above
+/// it is given back. Giving it back after every large batch made each batch
+/// of a 64 KiB am_bw fault its buffer in afresh (a shrink is an mremap, the
+/// next growth new zeroed pages): 0.3 of ucx's figure. Counting deliveries
+/// instead of time did not help: a spinning receiver delivers nothing
+/// thousands of times between two bursts.
+const SHRINK_AFTER: Duration = Duration::from_secs(1);
+/// Deliveries that fitted in KEEP_* between two looks at the clock.
+const LOOK_EVERY: u32 = 1024;
 
 /// One arrival: an active message (its id, and where its bytes are in
 /// [`Arrivals::bytes`]), or an immediate whose data is already in place.
@@ -26,6 +37,11 @@ enum Arrival {
 pub(crate) struct Arrivals {
     list: Vec<Arrival>,
     bytes: Vec<u8>,
+    /// Deliveries in a row that fitted in KEEP_*.
+    small: u32,
+    /// When a batch last needed more than KEEP_* (None: not since the room
+    /// was last given back).
+    large_at: Option<Instant>,
 }
 
 impl Arrivals {
@@ -57,12 +73,34 @@ impl Arrivals {
                 }
             }
         }
+        let small = self.list.len() <= KEEP_ARRIVALS && self.bytes.len() <= KEEP_BYTES;
         self.list.clear();
         self.bytes.clear();
-        // A large batch (a progress call's budget of messages) does not
-        // keep its memory for good.
-        self.list.shrink_to(KEEP_ARRIVALS);
-        self.bytes.shrink_to(KEEP_BYTES);
+        // A large batch (a progress call's budget of messages) does not keep
+        // its memory for good, but a steady stream of them keeps it.
+        if !small {
+            self.small = 0;
+            self.large_at = Some(Instant::now());
+            return;
+        }
+        let Some(large_at) = self.large_at else {
+            return;
+        };
+        self.small += 1;
+        if self.small >= LOOK_EVERY {
+            self.small = 0;
+            if large_at.elapsed() >= SHRINK_AFTER {
+                self.large_at = None;
+                self.list.shrink_to(KEEP_ARRIVALS);
+                self.bytes.shrink_to(KEEP_BYTES);
+            }
+        }
+    }
+
+    /// The room kept between deliveries (for tests).
+    #[cfg(test)]
+    fn room(&self) -> usize {
+        self.bytes.capacity()
     }
 }
 
@@ -101,5 +139,34 @@ mod tests {
         // Emptied: nothing is delivered twice.
         batch.deliver(&mut handlers, &mut imm);
         assert_eq!(seen.lock().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn large_batches_keep_their_room_until_none_came_for_a_second() {
+        let mut handlers = AmHandlers::new("tcp");
+        handlers.set(1, Box::new(|_| {})).unwrap();
+        let mut imm = ImmHandlerSlot::new("tcp");
+        let mut batch = Arrivals::default();
+        let big = vec![7u8; 64 * 1024];
+        for _ in 0..3 {
+            for _ in 0..16 {
+                batch.push_am(1, &big);
+            }
+            batch.deliver(&mut handlers, &mut imm);
+            assert!(
+                batch.room() >= 16 * big.len(),
+                "a 1 MiB batch's room is kept"
+            );
+        }
+        for _ in 0..2 * LOOK_EVERY {
+            batch.push_am(1, b"x");
+            batch.deliver(&mut handlers, &mut imm);
+        }
+        assert!(batch.room() >= 16 * big.len(), "kept for SHRINK_AFTER");
+        std::thread::sleep(SHRINK_AFTER);
+        for _ in 0..LOOK_EVERY {
+            batch.deliver(&mut handlers, &mut imm);
+        }
+        assert!(batch.room() <= KEEP_BYTES, "given back: {}", batch.room());
     }
 }
