@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use uct_core::{AmHandlers, ImmEvent, ImmHandlerSlot};
 
-/// Arrivals whose room the batch keeps between progress calls.
+/// Arrivals whose room the batch keeps for good.
 const KEEP_ARRIVALS: usize = 256;
-/// Bytes of active messages whose room the batch keeps between calls.
+/// Bytes of active messages whose room the batch keeps for good.
 const KEEP_BYTES: usize = 256 * 1024;
 /// How long no batch may have needed more than KEEP_* before the room above
 /// it is given back. Giving it back after every large batch made each batch
@@ -21,8 +21,15 @@ const KEEP_BYTES: usize = 256 * 1024;
 /// next growth new zeroed pages): 0.3 of ucx's figure. Counting deliveries
 /// instead of time did not help: a spinning receiver delivers nothing
 /// thousands of times between two bursts.
+///
+/// What a peer can make an iface keep is one batch: a link's budget of one
+/// progress call (`FRAME_BUDGET` frames, `BYTE_BUDGET` bytes, plus the
+/// active message that crosses it), per iface, not per link, since the
+/// batch is emptied after each link. Before, it held that much only for a
+/// moment; now for up to SHRINK_AFTER after the last such batch.
 const SHRINK_AFTER: Duration = Duration::from_secs(1);
-/// Deliveries that fitted in KEEP_* between two looks at the clock.
+/// Progress calls between two looks at the clock while there is room to
+/// give back.
 const LOOK_EVERY: u32 = 1024;
 
 /// One arrival: an active message (its id, and where its bytes are in
@@ -37,8 +44,8 @@ enum Arrival {
 pub(crate) struct Arrivals {
     list: Vec<Arrival>,
     bytes: Vec<u8>,
-    /// Deliveries in a row that fitted in KEEP_*.
-    small: u32,
+    /// Progress calls since the clock was last looked at ([`tidy`](Self::tidy)).
+    calls: u32,
     /// When a batch last needed more than KEEP_* (None: not since the room
     /// was last given back).
     large_at: Option<Instant>,
@@ -73,27 +80,37 @@ impl Arrivals {
                 }
             }
         }
-        let small = self.list.len() <= KEEP_ARRIVALS && self.bytes.len() <= KEEP_BYTES;
+        let large = self.list.len() > KEEP_ARRIVALS || self.bytes.len() > KEEP_BYTES;
         self.list.clear();
         self.bytes.clear();
         // A large batch (a progress call's budget of messages) does not keep
         // its memory for good, but a steady stream of them keeps it.
-        if !small {
-            self.small = 0;
+        if large {
             self.large_at = Some(Instant::now());
-            return;
         }
+    }
+
+    /// Gives the room above KEEP_* back once no batch has needed it for
+    /// SHRINK_AFTER. The iface calls it on every progress call, idle ones
+    /// included: a link that went away leaves no delivery to do it. Without
+    /// room to give back it is one branch.
+    pub(crate) fn tidy(&mut self) {
+        self.tidy_at(Instant::now);
+    }
+
+    fn tidy_at(&mut self, now: impl FnOnce() -> Instant) {
         let Some(large_at) = self.large_at else {
             return;
         };
-        self.small += 1;
-        if self.small >= LOOK_EVERY {
-            self.small = 0;
-            if large_at.elapsed() >= SHRINK_AFTER {
-                self.large_at = None;
-                self.list.shrink_to(KEEP_ARRIVALS);
-                self.bytes.shrink_to(KEEP_BYTES);
-            }
+        self.calls += 1;
+        if self.calls < LOOK_EVERY {
+            return;
+        }
+        self.calls = 0;
+        if now().saturating_duration_since(large_at) >= SHRINK_AFTER {
+            self.large_at = None;
+            self.list.shrink_to(KEEP_ARRIVALS);
+            self.bytes.shrink_to(KEEP_BYTES);
         }
     }
 
@@ -142,31 +159,49 @@ mod tests {
     }
 
     #[test]
-    fn large_batches_keep_their_room_until_none_came_for_a_second() {
+    fn large_batches_keep_their_room_until_none_came_for_a_while() {
         let mut handlers = AmHandlers::new("tcp");
         handlers.set(1, Box::new(|_| {})).unwrap();
         let mut imm = ImmHandlerSlot::new("tcp");
         let mut batch = Arrivals::default();
         let big = vec![7u8; 64 * 1024];
-        for _ in 0..3 {
+        let large = |batch: &mut Arrivals, handlers: &mut AmHandlers, imm: &mut ImmHandlerSlot| {
             for _ in 0..16 {
                 batch.push_am(1, &big);
             }
-            batch.deliver(&mut handlers, &mut imm);
-            assert!(
-                batch.room() >= 16 * big.len(),
-                "a 1 MiB batch's room is kept"
-            );
-        }
+            batch.deliver(handlers, imm);
+        };
+        large(&mut batch, &mut handlers, &mut imm);
+        let t0 = batch.large_at.expect("a 1 MiB batch is large");
+        assert!(
+            batch.room() >= 16 * big.len(),
+            "a 1 MiB batch's room is kept"
+        );
+        // Small batches and idle calls before SHRINK_AFTER: kept.
         for _ in 0..2 * LOOK_EVERY {
             batch.push_am(1, b"x");
             batch.deliver(&mut handlers, &mut imm);
+            batch.tidy_at(|| t0 + SHRINK_AFTER / 2);
         }
         assert!(batch.room() >= 16 * big.len(), "kept for SHRINK_AFTER");
-        std::thread::sleep(SHRINK_AFTER);
+        // Another large batch restarts the wait.
+        large(&mut batch, &mut handlers, &mut imm);
+        let t1 = batch.large_at.unwrap();
+        for _ in 0..2 * LOOK_EVERY {
+            batch.tidy_at(|| t1 + SHRINK_AFTER / 2);
+        }
+        assert!(
+            batch.room() >= 16 * big.len(),
+            "a new large batch restarts the wait"
+        );
+        // Idle calls alone (no link left to deliver) give it back.
         for _ in 0..LOOK_EVERY {
-            batch.deliver(&mut handlers, &mut imm);
+            batch.tidy_at(|| t1 + SHRINK_AFTER);
         }
         assert!(batch.room() <= KEEP_BYTES, "given back: {}", batch.room());
+        // Nothing left to give back: no clock read.
+        for _ in 0..2 * LOOK_EVERY {
+            batch.tidy_at(|| panic!("the clock is read with nothing to give back"));
+        }
     }
 }

@@ -390,6 +390,7 @@ impl Iface for TcpIface {
     }
 
     fn progress(&mut self) -> usize {
+        self.arrivals.tidy();
         if self.quiet.idle() {
             return 0;
         }
