@@ -5,31 +5,14 @@
 //! attribute, and notes what it skipped.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use uct_topo::{fixture, Topology};
 
-struct Tree(PathBuf);
-
-impl Tree {
-    fn new(tag: &str, layout: &str) -> Tree {
-        let dir = std::env::temp_dir().join(format!("uct-topo-{}-{tag}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fixture::build(layout, &dir).unwrap();
-        Tree(dir)
-    }
-    fn sys(&self, rel: &str) -> PathBuf {
-        self.0.join("sys").join(rel)
-    }
-}
-
-impl Drop for Tree {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
+mod common;
+use common::Tree;
 
 const LAYOUT: &str = "
 nodes 0 1
@@ -70,7 +53,7 @@ fn a_fifo_where_an_attribute_should_be_is_skipped_not_read() {
     // Opening a FIFO for reading blocks until a writer comes: never.
     mkfifo(&t.sys(&format!("{MLX0}/numa_node")));
     mkfifo(&t.sys(&format!("{GPU}/vendor")));
-    let topo = discover_within(&t.0);
+    let topo = discover_within(t.root());
     assert_eq!(topo.nic("mlx5_0").unwrap().pci.numa_node, None);
     assert_eq!(topo.nic("mlx5_1").unwrap().pci.numa_node, Some(1));
     // A GPU whose vendor cannot be read is not taken for one.
@@ -82,7 +65,7 @@ fn a_fifo_where_an_attribute_should_be_is_skipped_not_read() {
     );
     // The fixture listing skips it too.
     let (tx, rx) = mpsc::channel();
-    let root = t.0.clone();
+    let root = t.root().to_path_buf();
     std::thread::spawn(move || {
         let _ = tx.send(fixture::listing(&root));
     });
@@ -99,7 +82,7 @@ fn a_huge_or_non_utf8_attribute_is_noted_and_not_read_whole() {
     let f = fs::File::create(t.sys(&format!("{MLX0}/current_link_width"))).unwrap();
     f.set_len(16 << 20).unwrap();
     fs::write(t.sys(&format!("{MLX1}/numa_node")), [0xff, 0xfe, b'1']).unwrap();
-    let topo = discover_within(&t.0);
+    let topo = discover_within(t.root());
     let m0 = topo.nic("mlx5_0").unwrap();
     assert_eq!(m0.pci.link.width, None);
     assert_eq!(m0.pci.link.speed_gts, Some(16.0));
@@ -147,7 +130,7 @@ fn link_loops_and_a_device_linking_to_its_ancestor_neither_hang_nor_panic() {
             .unwrap(),
     )
     .unwrap();
-    let topo = discover_within(&t.0);
+    let topo = discover_within(t.root());
     for name in ["loop0", "loop1"] {
         let d = topo
             .without_pci()

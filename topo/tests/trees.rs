@@ -2,31 +2,20 @@
 //! devices, and missing or garbled sysfs files (never a panic).
 
 use std::fs;
-use std::path::PathBuf;
 
 use uct_topo::{fixture, Affinity, PathType, TopoError, Topology};
 
-struct Tree(PathBuf);
+mod common;
+use common::Tree;
 
-impl Tree {
-    fn new(tag: &str, layout: &str) -> Tree {
-        let dir = std::env::temp_dir().join(format!("uct-topo-{}-{tag}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fixture::build(layout, &dir).unwrap();
-        Tree(dir)
-    }
-    fn topo(&self) -> Topology {
-        Topology::from_root(&self.0, None).unwrap()
-    }
-    fn write(&self, rel: &str, content: &str) {
-        fs::write(self.0.join("sys").join(rel), content).unwrap();
-    }
+/// Discovery of the tree, which must succeed.
+fn discover(t: &Tree) -> Topology {
+    Topology::from_root(t.root(), None).unwrap()
 }
 
-impl Drop for Tree {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
+/// Writes a sysfs file of the tree.
+fn write(t: &Tree, rel: &str, content: &str) {
+    fs::write(t.sys(rel), content).unwrap();
 }
 
 const GAUDI: &str = "
@@ -46,7 +35,7 @@ soft  dummy0 net
 #[test]
 fn every_path_type_and_the_bandwidth_tie_break() {
     let t = Tree::new("gaudi", GAUDI);
-    let topo = t.topo();
+    let topo = discover(&t);
     let names: Vec<&str> = topo
         .accelerators()
         .iter()
@@ -89,7 +78,7 @@ fn every_path_type_and_the_bandwidth_tie_break() {
          ib mlx5_0 0000:00:01.0/0000:01:00.0/0000:02:01.0/0000:06:00.0",
     );
     assert_eq!(
-        pxb.topo().path("gaudi0", "mlx5_0").unwrap().kind,
+        discover(&pxb).path("gaudi0", "mlx5_0").unwrap().kind,
         PathType::Pxb
     );
 }
@@ -97,7 +86,7 @@ fn every_path_type_and_the_bandwidth_tie_break() {
 #[test]
 fn software_devices_have_no_pci_device_and_are_no_error() {
     let t = Tree::new("soft", GAUDI);
-    let topo = t.topo();
+    let topo = discover(&t);
     let soft: Vec<(&str, &str)> = topo
         .without_pci()
         .iter()
@@ -118,7 +107,7 @@ fn accel_class_names_and_one_name_per_device() {
         "accel",
         "hl hl0 0000:00:01.0/0000:01:00.0\naccel accel0 0000:00:01.0/0000:01:00.0\naccel accel1 0000:00:02.0/0000:02:00.0\ngpu - 0000:00:03.0/0000:03:00.0",
     );
-    let topo = t.topo();
+    let topo = discover(&t);
     let names: Vec<&str> = topo
         .accelerators()
         .iter()
@@ -133,7 +122,7 @@ fn accel_class_names_and_one_name_per_device() {
 #[test]
 fn host_memory_ranks_by_node() {
     let t = Tree::new("host", GAUDI);
-    let topo = t.topo();
+    let topo = discover(&t);
     let on1 = topo.nics_for("numa:1").unwrap();
     assert_eq!(
         on1.iter()
@@ -162,39 +151,31 @@ fn host_memory_ranks_by_node() {
 fn missing_and_garbled_files_are_unknown_not_errors() {
     let t = Tree::new("garbled", GAUDI);
     let dev = "devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:01.0/0000:04:00.0";
-    t.write(&format!("{dev}/numa_node"), "zero\n");
-    t.write(&format!("{dev}/current_link_speed"), "fast\n");
-    t.write(&format!("{dev}/current_link_width"), "\u{0}\u{1}");
+    write(&t, &format!("{dev}/numa_node"), "zero\n");
+    write(&t, &format!("{dev}/current_link_speed"), "fast\n");
+    write(&t, &format!("{dev}/current_link_width"), "\u{0}\u{1}");
     let dev1 = "devices/pci0000:00/0000:00:02.0/0000:06:00.0";
-    fs::remove_file(t.0.join("sys").join(dev1).join("numa_node")).unwrap();
-    t.write(&format!("{dev1}/current_link_speed"), "Unknown\n");
+    fs::remove_file(t.sys(dev1).join("numa_node")).unwrap();
+    write(&t, &format!("{dev1}/current_link_speed"), "Unknown\n");
     // A dangling device link, and a class entry that is a plain file.
-    fs::create_dir_all(t.0.join("sys/class/infiniband/mlx5_9")).unwrap();
+    fs::create_dir_all(t.sys("class/infiniband/mlx5_9")).unwrap();
     std::os::unix::fs::symlink(
         "../../../devices/pci0000:ee/0000:ee:00.0",
-        t.0.join("sys/class/infiniband/mlx5_9/device"),
+        t.sys("class/infiniband/mlx5_9/device"),
     )
     .unwrap();
-    fs::write(t.0.join("sys/class/net/junk"), "x").unwrap();
+    fs::write(t.sys("class/net/junk"), "x").unwrap();
     // A GPU whose class file is garbage is not a GPU.
-    fs::create_dir_all(t.0.join("sys/devices/pci0000:f0/0000:f0:00.0")).unwrap();
-    fs::write(
-        t.0.join("sys/devices/pci0000:f0/0000:f0:00.0/class"),
-        "display",
-    )
-    .unwrap();
-    fs::write(
-        t.0.join("sys/devices/pci0000:f0/0000:f0:00.0/vendor"),
-        "0x10de",
-    )
-    .unwrap();
+    fs::create_dir_all(t.sys("devices/pci0000:f0/0000:f0:00.0")).unwrap();
+    fs::write(t.sys("devices/pci0000:f0/0000:f0:00.0/class"), "display").unwrap();
+    fs::write(t.sys("devices/pci0000:f0/0000:f0:00.0/vendor"), "0x10de").unwrap();
     std::os::unix::fs::symlink(
         "../../../devices/pci0000:f0/0000:f0:00.0",
-        t.0.join("sys/bus/pci/devices/0000:f0:00.0"),
+        t.sys("bus/pci/devices/0000:f0:00.0"),
     )
     .unwrap();
 
-    let topo = t.topo();
+    let topo = discover(&t);
     let m0 = topo.nic("mlx5_0").unwrap();
     assert_eq!(m0.pci.numa_node, None);
     assert_eq!(m0.pci.link.bandwidth_mbps(), None);
