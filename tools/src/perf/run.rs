@@ -20,6 +20,8 @@ use serde::{Deserialize, Serialize};
 use uct_core::bootstrap::BootstrapError;
 use uct_core::{AtomicValue, Completion, CompletionData, FetchOp, Status};
 
+mod pingpong;
+
 use super::clock::Clock;
 use super::error::{PerfError, Result};
 use super::layout::layout_for;
@@ -27,8 +29,8 @@ use super::params::{Layout, TestKind};
 use super::pattern::{check_pattern, pattern_into};
 use super::session::{Role, Session};
 use super::transfer::{
-    alive, fill_send, flush, host_bytes, is_staged, post_data, post_get, read_buffer,
-    read_recv_u64, spin, wait, write_buffer, Buffer, Deadline, WAIT_LIMIT,
+    alive, fill_send, flush, is_staged, post_data, post_get, read_buffer, read_recv_u64, spin,
+    wait, write_buffer, Buffer, Deadline, WAIT_LIMIT,
 };
 
 /// The process's calibrated clock.
@@ -199,44 +201,6 @@ pub fn phase(session: &mut Session, size: usize, iters: u64) -> Result<Option<Me
     run(session).map_err(|e| explain(session, e))
 }
 
-/// Where the ping-pong sequence number lives in the receive buffer.
-fn seq_offset(test: TestKind, size: usize) -> usize {
-    if test == TestKind::AddLat {
-        0
-    } else {
-        size - 8
-    }
-}
-
-/// Sends ping-pong message `iter` (sequence `iter + 1`).
-fn ping(session: &mut Session, layout: Layout, size: usize, iter: u64) -> Result<()> {
-    let seq = iter + 1;
-    match session.params.test {
-        TestKind::AddLat => {
-            add_one(session)?;
-        }
-        TestKind::PutLat => {
-            if session.params.validate {
-                fill_send(session, size - 8, iter)?;
-            }
-            let seq_ptr = session.send.host_ptr(size - 8, 8)?;
-            // SAFETY: host_ptr checked that these 8 bytes lie inside the
-            // live send buffer, which only this thread writes.
-            unsafe { std::ptr::copy_nonoverlapping(seq.to_le_bytes().as_ptr(), seq_ptr, 8) };
-            post_data(session, layout, size, None)?;
-        }
-        _ => {
-            if session.params.validate {
-                fill_send(session, size, iter)?;
-            } else {
-                session.send.write(0, &seq.to_le_bytes())?;
-            }
-            post_data(session, layout, size, None)?;
-        }
-    }
-    Ok(())
-}
-
 /// One non-fetching add of 1 to the peer's counter, posted until accepted.
 fn add_one(session: &mut Session) -> Result<()> {
     let addr = session.peer_addr;
@@ -254,36 +218,6 @@ fn add_one(session: &mut Session) -> Result<()> {
     }
 }
 
-/// Waits for ping-pong message `iter` to arrive here.
-fn pong_arrived(session: &mut Session, size: usize, iter: u64) -> Result<()> {
-    let seq = iter + 1;
-    let test = session.params.test;
-    match test {
-        TestKind::AmLat => spin(session, "an active message", |session| {
-            session.am.count.load(Ordering::Acquire) >= seq
-        })?,
-        _ => {
-            // The word the peer writes, located once: the wait loop is one
-            // load and one progress call.
-            let seq_ptr = session.recv.host_ptr(seq_offset(test, size), 8)? as *const [u8; 8];
-            // SAFETY: host_ptr checked that these 8 bytes lie inside the
-            // live receive buffer, which the session keeps for the whole
-            // wait; the peer writes it, hence the volatile read; read as
-            // bytes, so alignment does not matter.
-            let arrived =
-                move || u64::from_le_bytes(unsafe { std::ptr::read_volatile(seq_ptr) }) >= seq;
-            spin(session, "the peer's write", |_| arrived())?
-        }
-    }
-    if test == TestKind::PutLat && session.params.validate {
-        let got = host_bytes(&session.recv, size - 8).to_vec();
-        if let Some(why) = check_pattern(&got, size - 8, iter) {
-            note_bad(session, (iter, why));
-        }
-    }
-    Ok(())
-}
-
 /// The client's side of a phase: the loop of the test, then the server's
 /// confirmation.
 fn client(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<Measurement> {
@@ -291,7 +225,7 @@ fn client(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Res
     let start = Instant::now();
     let samples = match test {
         TestKind::PutLat | TestKind::AmLat | TestKind::AddLat => {
-            client_pingpong(session, layout, size, iters)?
+            pingpong::client(session, layout, size, iters)?
         }
         TestKind::PutBw | TestKind::AmBw => client_stream(session, layout, size, iters)?,
         TestKind::GetLat | TestKind::GetBw => client_gets(session, layout, size, iters)?,
@@ -367,6 +301,16 @@ impl Samples {
         self.times.push(self.clock.ns(elapsed) / divisor);
     }
 
+    /// Records the time since the previous lap ended (or since `new`),
+    /// divided by `divisor`: one clock read per lap.
+    #[inline]
+    fn lap(&mut self, divisor: f64) {
+        let now = self.clock.now();
+        self.times
+            .push(self.clock.ns(now.wrapping_sub(self.last)) / divisor);
+        self.last = now;
+    }
+
     /// Records the time since the previous interval ended (the posting
     /// interval of bandwidth and rate tests).
     #[inline]
@@ -381,23 +325,6 @@ impl Samples {
         self.last = now;
         self.count = 0;
     }
-}
-
-/// put_lat, am_lat, add_lat: ping, wait for the pong; half the round trip.
-fn client_pingpong(
-    session: &mut Session,
-    layout: Layout,
-    size: usize,
-    iters: u64,
-) -> Result<Vec<f64>> {
-    let mut samples = Samples::new(iters);
-    for iter in 0..iters {
-        let sent = samples.now();
-        ping(session, layout, size, iter)?;
-        pong_arrived(session, size, iter)?;
-        samples.since(sent, 2.0);
-    }
-    Ok(samples.times)
 }
 
 /// Progresses until fewer than `--outstanding` operations of `comp` are in
@@ -588,10 +515,7 @@ fn client_add_rate(session: &mut Session, iters: u64) -> Result<Vec<f64>> {
 /// answers the client's requests until it says it is done.
 fn server(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Result<()> {
     if session.params.test.is_pingpong() {
-        for iter in 0..iters {
-            pong_arrived(session, size, iter)?;
-            ping(session, layout, size, iter)?;
-        }
+        pingpong::server(session, layout, size, iters)?;
     }
     // Keep progressing, answer checks, until the client is done. This wait
     // is as long as the client's run; a dead client ends it through the

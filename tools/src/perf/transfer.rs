@@ -158,6 +158,11 @@ pub(super) fn spin(
             return Ok(());
         }
         session.iface.progress();
+        // PAUSE: a loop of loads that a peer's write ends is otherwise
+        // flushed when that write lands (a memory-order machine clear);
+        // posix put_lat 8 B, 12 interleaved rounds: 0.145 -> 0.118 us in
+        // the fast regime, 0.345 -> 0.253 us in the slow one.
+        std::hint::spin_loop();
         deadline.tick()?;
     }
 }
