@@ -157,12 +157,12 @@ pub(super) fn spin(
         if done(session) {
             return Ok(());
         }
-        session.iface.progress();
-        // PAUSE: a loop of loads that a peer's write ends is otherwise
-        // flushed when that write lands (a memory-order machine clear);
-        // posix put_lat 8 B, 12 interleaved rounds: 0.145 -> 0.118 us in
-        // the fast regime, 0.345 -> 0.253 us in the slow one.
-        std::hint::spin_loop();
+        // PAUSE when progress found nothing: a tight loop of loads that
+        // the peer's write ends was measured slower without it, likely
+        // the pipeline flush when that write lands (docs/perf-notes.md).
+        if session.iface.progress() == 0 {
+            std::hint::spin_loop();
+        }
         deadline.tick()?;
     }
 }

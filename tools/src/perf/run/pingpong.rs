@@ -5,99 +5,121 @@
 //! once per phase, the wait reads one aligned word, and the clock is read
 //! once per round trip (as ucx_perftest times), not twice.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
-use super::super::error::Result;
+use uct_core::MemHandle;
+
+use super::super::error::{PerfError, Result};
 use super::super::params::{Layout, TestKind};
 use super::super::pattern::check_pattern;
 use super::super::session::Session;
 use super::super::transfer::{fill_send, host_bytes, post_data, spin};
 use super::{add_one, note_bad, Samples};
 
-/// Where the ping-pong sequence number lives in the receive buffer.
-fn seq_offset(test: TestKind, size: usize) -> usize {
-    if test == TestKind::AddLat {
-        0
-    } else {
-        size - 8
-    }
-}
-
 /// The word of the receive buffer that the peer's ping writes (put_lat)
-/// or adds to (add_lat), located once.
-#[derive(Clone, Copy)]
-enum Word {
-    /// 8-byte aligned: one load.
-    Aligned(*const AtomicU64),
-    /// Anywhere else (put_lat of a size that is no multiple of 8): bytes.
-    Unaligned(*const [u8; 8]),
+/// or adds to (add_lat), located once. It holds a handle of the buffer,
+/// so the memory outlives it.
+struct Word {
+    at: *const u8,
+    aligned: bool,
+    _buffer: MemHandle,
 }
 
 impl Word {
-    /// The value the peer last wrote there.
+    fn locate(buffer: &MemHandle, offset: usize) -> Result<Word> {
+        let at = buffer.host_ptr(offset, 8)? as *const u8;
+        Ok(Word {
+            at,
+            aligned: at.cast::<AtomicU64>().is_aligned(),
+            _buffer: buffer.clone(),
+        })
+    }
+
+    /// The value last written there.
     #[inline(always)]
-    fn get(self) -> u64 {
-        match self {
-            // SAFETY: `locate` checked that the 8 bytes lie inside the
-            // receive buffer, which the session keeps for the whole phase,
-            // and that the pointer is aligned; the peer writes the word
-            // through its own mapping, so it is read atomically.
-            Word::Aligned(word) => u64::from_le(unsafe { &*word }.load(Ordering::Acquire)),
+    fn get(&self) -> u64 {
+        if self.aligned {
+            // SAFETY: host_ptr checked that the 8 bytes lie inside the
+            // buffer, which `_buffer` keeps alive, and the pointer is
+            // aligned. Writers are other processes or threads (or this
+            // thread's progress, tcp), through their own copy or atomic;
+            // any bit pattern is a valid u64, so a value a multi-store
+            // copy tore is only a wrong number, as with the volatile read
+            // this replaces (the 8 B pings store the word in one go).
+            let word = unsafe { AtomicU64::from_ptr(self.at.cast_mut().cast()) };
+            u64::from_le(word.load(Ordering::Acquire))
+        } else {
             // SAFETY: as above, without the alignment: a volatile read of
-            // bytes, which needs none.
-            Word::Unaligned(bytes) => u64::from_le_bytes(unsafe { std::ptr::read_volatile(bytes) }),
+            // bytes, which needs none; the fence orders what follows it
+            // (the payload read of --validate) after the read.
+            let bytes = unsafe { std::ptr::read_volatile(self.at.cast::<[u8; 8]>()) };
+            fence(Ordering::Acquire);
+            u64::from_le_bytes(bytes)
         }
     }
 }
 
-/// The places one phase's pings and pongs use.
-#[derive(Clone, Copy)]
-struct Words {
-    /// Where the pong lands (None for am_lat, which counts messages).
-    pong: Option<Word>,
-    /// put_lat: the send buffer's last 8 bytes, which carry the sequence.
-    seq_out: Option<*mut u8>,
+/// What one phase's pings send and its pongs wait on.
+enum Words {
+    /// put_lat: the sequence travels in the send buffer's last 8 bytes
+    /// and lands in the receive buffer's.
+    Put {
+        seq_out: *mut u8,
+        pong: Word,
+        _send: MemHandle,
+    },
+    /// add_lat: an add of 1 to the peer's counter; ours is at offset 0.
+    Add { pong: Word },
+    /// am_lat: the handler counts messages.
+    Am,
 }
 
 impl Words {
     fn locate(session: &Session, size: usize) -> Result<Words> {
-        let test = session.params.test;
-        let pong = match test {
-            TestKind::AmLat => None,
-            _ => {
-                let at = session.recv.host_ptr(seq_offset(test, size), 8)?;
-                Some(if (at as usize).is_multiple_of(8) {
-                    Word::Aligned(at as *const AtomicU64)
-                } else {
-                    Word::Unaligned(at as *const [u8; 8])
-                })
-            }
+        let seq_at = || {
+            size.checked_sub(8).ok_or_else(|| {
+                PerfError::Protocol(format!(
+                    "a {size}-byte ping-pong has no room for its sequence"
+                ))
+            })
         };
-        let seq_out = match test {
-            TestKind::PutLat => Some(session.send.host_ptr(size - 8, 8)?),
-            _ => None,
-        };
-        Ok(Words { pong, seq_out })
+        Ok(match session.params.test {
+            TestKind::PutLat => Words::Put {
+                seq_out: session.send.host_ptr(seq_at()?, 8)?,
+                pong: Word::locate(&session.recv, seq_at()?)?,
+                _send: session.send.clone(),
+            },
+            TestKind::AddLat => Words::Add {
+                pong: Word::locate(&session.recv, 0)?,
+            },
+            _ => Words::Am,
+        })
     }
 }
 
 /// Sends ping-pong message `iter` (sequence `iter + 1`).
 #[inline]
-fn ping(session: &mut Session, words: Words, layout: Layout, size: usize, iter: u64) -> Result<()> {
+fn ping(
+    session: &mut Session,
+    words: &Words,
+    layout: Layout,
+    size: usize,
+    iter: u64,
+) -> Result<()> {
     let seq = iter + 1;
-    match (session.params.test, words.seq_out) {
-        (TestKind::AddLat, _) => add_one(session),
-        (TestKind::PutLat, Some(out)) => {
+    match words {
+        Words::Add { .. } => add_one(session),
+        Words::Put { seq_out, .. } => {
             if session.params.validate {
                 fill_send(session, size - 8, iter)?;
             }
-            // SAFETY: `locate` checked that these 8 bytes lie inside the
-            // live send buffer, which only this thread writes; unaligned
-            // writes need no alignment.
-            unsafe { out.cast::<[u8; 8]>().write_unaligned(seq.to_le_bytes()) };
+            // SAFETY: host_ptr checked that these 8 bytes lie inside the
+            // send buffer, which `_send` keeps alive and only this thread
+            // writes; unaligned writes need no alignment.
+            unsafe { seq_out.cast::<[u8; 8]>().write_unaligned(seq.to_le_bytes()) };
             post_data(session, layout, size, None)
         }
-        _ => {
+        Words::Am => {
             if session.params.validate {
                 fill_send(session, size, iter)?;
             } else {
@@ -110,15 +132,17 @@ fn ping(session: &mut Session, words: Words, layout: Layout, size: usize, iter: 
 
 /// Waits for ping-pong message `iter` to arrive here.
 #[inline]
-fn pong_arrived(session: &mut Session, words: Words, size: usize, iter: u64) -> Result<()> {
+fn pong_arrived(session: &mut Session, words: &Words, size: usize, iter: u64) -> Result<()> {
     let seq = iter + 1;
-    match words.pong {
-        None => spin(session, "an active message", |session| {
+    match words {
+        Words::Am => spin(session, "an active message", |session| {
             session.am.count.load(Ordering::Acquire) >= seq
         })?,
-        Some(word) => spin(session, "the peer's write", |_| word.get() >= seq)?,
+        Words::Put { pong, .. } | Words::Add { pong } => {
+            spin(session, "the peer's write", |_| pong.get() >= seq)?
+        }
     }
-    if session.params.test == TestKind::PutLat && session.params.validate {
+    if matches!(words, Words::Put { .. }) && session.params.validate {
         let got = host_bytes(&session.recv, size - 8).to_vec();
         if let Some(why) = check_pattern(&got, size - 8, iter) {
             note_bad(session, (iter, why));
@@ -127,7 +151,8 @@ fn pong_arrived(session: &mut Session, words: Words, size: usize, iter: u64) -> 
     Ok(())
 }
 
-/// The client's ping-pong: one sample per round trip, half its time.
+/// The client's ping-pong: one sample per round trip (the loop's whole
+/// lap, storing the sample included), half its time.
 pub(super) fn client(
     session: &mut Session,
     layout: Layout,
@@ -137,8 +162,8 @@ pub(super) fn client(
     let words = Words::locate(session, size)?;
     let mut samples = Samples::new(iters);
     for iter in 0..iters {
-        ping(session, words, layout, size, iter)?;
-        pong_arrived(session, words, size, iter)?;
+        ping(session, &words, layout, size, iter)?;
+        pong_arrived(session, &words, size, iter)?;
         samples.lap(2.0);
     }
     Ok(samples.times)
@@ -148,8 +173,8 @@ pub(super) fn client(
 pub(super) fn server(session: &mut Session, layout: Layout, size: usize, iters: u64) -> Result<()> {
     let words = Words::locate(session, size)?;
     for iter in 0..iters {
-        pong_arrived(session, words, size, iter)?;
-        ping(session, words, layout, size, iter)?;
+        pong_arrived(session, &words, size, iter)?;
+        ping(session, &words, layout, size, iter)?;
     }
     Ok(())
 }
