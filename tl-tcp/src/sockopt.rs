@@ -96,8 +96,9 @@ fn set_quickack(fd: RawFd, value: i32) {
 /// frames one way only, so no data of ours takes the ACK along, and a pure
 /// ACK sent inside the recv of a request delays its answer (each costs a
 /// segment through the stack). [`send_owed_ack`] sends it once this side
-/// has answered and the link is quiet; the kernel still ACKs every second
-/// small segment, full segments and on its delayed-ACK timer.
+/// has answered and the link is quiet; the kernel still ACKs when more
+/// than one full-sized segment came, on some reads that empty the queue,
+/// and on its delayed-ACK timer.
 pub(crate) fn delay_acks(fd: RawFd) {
     set_quickack(fd, 0);
 }
