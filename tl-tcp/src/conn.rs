@@ -18,7 +18,9 @@ use uct_core::{Completion, UctError};
 
 use crate::outgoing::Outgoing;
 pub use crate::outgoing::Payload;
-use crate::sockopt::{delay_acks, send_owed_ack, set_linger_zero, set_peer_timeout, unconnected};
+use crate::sockopt::{
+    delay_acks, owes_ack, send_owed_ack, set_linger_zero, set_peer_timeout, unconnected,
+};
 use crate::wire::{self, Header, Parsed};
 
 /// Bytes a connection queues before senders get NoResource.
@@ -26,23 +28,6 @@ pub const SEND_QUEUE_LIMIT: usize = 8 << 20;
 /// iovecs handed to one sendmsg.
 const IOV_BATCH: usize = 64;
 const READ_CHUNK: usize = 256 * 1024;
-/// Bytes read since the last held-back ACK above which it is not sent:
-/// that much is more than one full-sized segment (every MSS is below
-/// 64 KiB), so the kernel has ACKed at least once meanwhile, during our
-/// reads. Not necessarily the last segment: a tail of up to one segment
-/// may wait for the next arrival's ACK or the delayed-ACK timer (40 ms
-/// and up), which then leaves delayed mode until a smaller read sends the
-/// pair again. Nothing of ours waits for an ACK (completions fire when
-/// the socket takes the bytes). What was saved is the two setsockopt
-/// calls (nstat counted no extra segment): tcp am_lat 64 KiB, 5
-/// interleaved rounds, 56.9 us with them, 32.2 without, ucx_perftest 28.4.
-const SKIP_ACK_ABOVE: usize = 65_535;
-
-/// Whether the held-back ACK is sent after `read_since_ack` bytes read.
-fn owes_ack(read_since_ack: usize) -> bool {
-    read_since_ack > 0 && read_since_ack <= SKIP_ACK_ABOVE
-}
-
 /// A connection and its queues.
 pub struct Conn {
     stream: TcpStream,
@@ -660,7 +645,8 @@ impl Conn {
     /// since the last call or write: for a link with nothing to do, once
     /// this side has answered on another link, so that the ACK is off the
     /// path of the answer (a one-way stream is left to the kernel's ACKs).
-    /// Not after more than [`SKIP_ACK_ABOVE`] bytes read (see there).
+    /// Not after more than [`SKIP_ACK_ABOVE`](crate::sockopt::SKIP_ACK_ABOVE)
+    /// bytes read (see there).
     pub fn send_owed_ack(&mut self) {
         if owes_ack(std::mem::take(&mut self.read_since_ack)) {
             send_owed_ack(self.stream.as_raw_fd());
@@ -683,20 +669,4 @@ impl Conn {
 
 fn peer_error(what: &str, peer: &str, e: std::io::Error) -> UctError {
     UctError::EndpointFailed(format!("tcp {what} to {peer} failed: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_held_back_ack_is_sent_after_reads_up_to_64_kib() {
-        assert!(!owes_ack(0), "nothing read, nothing owed");
-        assert!(owes_ack(1));
-        assert!(owes_ack(8 * 1024), "under one loopback segment");
-        assert!(owes_ack(SKIP_ACK_ABOVE));
-        // A 64 KiB message and its frame header: more than any MSS.
-        assert!(!owes_ack(64 * 1024 + 32));
-        assert!(!owes_ack(usize::MAX));
-    }
 }
