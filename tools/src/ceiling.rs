@@ -11,7 +11,8 @@
 //!   read whole (tcp bandwidth rows: the kernel's two copies).
 //! - cache-line ping-pong: two threads on CPUs 0 and 1 hand a counter back
 //!   and forth; half the round trip is the floor of any one-way latency
-//!   through shared memory (posix latency rows).
+//!   through shared memory (posix latency rows); atomic ping-pong hands
+//!   it over with a locked add instead of a store (add_lat).
 //! - tcp ping-pong: two threads on loopback, TCP_NODELAY, a message of the
 //!   size each way; half the round trip (tcp latency rows).
 
@@ -27,7 +28,8 @@ use serde::Serialize;
 /// One measured ceiling.
 #[derive(Debug, Clone, Serialize)]
 pub struct Ceiling {
-    /// memcpy, process_vm_writev, tcp_stream, cacheline_pingpong, tcp_pingpong.
+    /// memcpy, process_vm_writev, tcp_stream, cacheline_pingpong,
+    /// atomic_pingpong, tcp_pingpong.
     pub what: &'static str,
     pub size: usize,
     /// MiB/s for bandwidth, microseconds one way for latency.
@@ -257,15 +259,35 @@ pub fn tcp_stream_bw(size: usize) -> Result<Ceiling, String> {
     Ok(result("tcp_stream", size, "MiB/s", batches))
 }
 
+/// How a cache-line ping-pong hands the counter over.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    /// A plain store of the next value (put_lat's sequence word).
+    Store,
+    /// A locked add of 1 (add_lat's non-fetching atomic): measured apart
+    /// because a locked read-modify-write takes the line another way than
+    /// a store, and ucx_perftest's add_lat came out below the store's
+    /// figure.
+    Add,
+}
+
 /// Half the round trip of a counter handed between CPUs 0 and 1 through
-/// one cache line: the floor of a one-way latency through shared memory.
-/// A batch is a million round trips or one second, whichever ends first:
-/// both threads spin, and on a loaded machine a hand-off can wait for a
-/// time slice.
-pub fn cacheline_pingpong() -> Ceiling {
+/// one cache line each way: the floor of a one-way latency through shared
+/// memory. A batch is a million round trips or one second, whichever ends
+/// first: both threads spin, and on a loaded machine a hand-off can wait
+/// for a time slice.
+pub fn cacheline_pingpong(how: Handoff) -> Ceiling {
     #[repr(align(128))]
     struct Line(AtomicU64);
     const STOP: u64 = u64::MAX;
+    // Each side counts up by one per round trip, so a store of the next
+    // value and an add of 1 leave the same value behind.
+    let hand = move |line: &Line, next: u64| match how {
+        Handoff::Store => line.0.store(next, Ordering::Release),
+        Handoff::Add => {
+            line.0.fetch_add(1, Ordering::AcqRel);
+        }
+    };
     let ping = Arc::new((Line(AtomicU64::new(0)), Line(AtomicU64::new(0))));
     let iters: u64 = 1_000_000;
     let rounds = BATCHES + 1;
@@ -281,7 +303,7 @@ pub fn cacheline_pingpong() -> Ceiling {
             }
             if v != last {
                 last = v;
-                p2.1 .0.store(v, Ordering::Release);
+                hand(&p2.1, v);
                 idle = 0;
             } else {
                 idle += 1;
@@ -302,7 +324,7 @@ pub fn cacheline_pingpong() -> Ceiling {
         while done < iters {
             i += 1;
             done += 1;
-            ping.0 .0.store(i, Ordering::Release);
+            hand(&ping.0, i);
             let mut spins = 0u32;
             while ping.1 .0.load(Ordering::Acquire) != i {
                 spins += 1;
@@ -323,7 +345,11 @@ pub fn cacheline_pingpong() -> Ceiling {
     ping.0 .0.store(STOP, Ordering::Release);
     let _ = echo.join();
     batches.remove(0);
-    result("cacheline_pingpong", 8, "us", batches)
+    let what = match how {
+        Handoff::Store => "cacheline_pingpong",
+        Handoff::Add => "atomic_pingpong",
+    };
+    result(what, 8, "us", batches)
 }
 
 /// Half the round trip of `size` bytes each way over loopback TCP.
@@ -395,7 +421,8 @@ pub fn run(sizes: &[usize], mut each: impl FnMut(&Ceiling)) -> Result<Vec<Ceilin
         each(&c);
         out.push(c);
     };
-    keep(cacheline_pingpong(), &mut out);
+    keep(cacheline_pingpong(Handoff::Store), &mut out);
+    keep(cacheline_pingpong(Handoff::Add), &mut out);
     for &size in sizes {
         keep(memcpy_bw(size), &mut out);
         keep(process_vm_writev_bw(size)?, &mut out);
