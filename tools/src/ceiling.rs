@@ -10,11 +10,11 @@
 //! - tcp stream: two threads on loopback, messages of the size written and
 //!   read whole (tcp bandwidth rows: the kernel's two copies).
 //! - cache-line ping-pong: two threads on CPUs 0 and 1 hand a counter back
-//!   and forth; half the round trip is the floor of any one-way latency
-//!   through shared memory (posix latency rows); atomic ping-pong hands
-//!   it over with a locked add instead of a store (add_lat).
+//!   and forth; half the median round trip is the floor of any one-way
+//!   latency through shared memory (posix latency rows); atomic ping-pong
+//!   hands it over with a locked add instead of a store (add_lat).
 //! - tcp ping-pong: two threads on loopback, TCP_NODELAY, a message of the
-//!   size each way; half the round trip (tcp latency rows).
+//!   size each way; half the median round trip (tcp latency rows).
 
 use std::hint::black_box;
 use std::io::{Read, Write};
@@ -24,6 +24,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
+
+use crate::perf::clock::Clock;
 
 /// One measured ceiling.
 #[derive(Debug, Clone, Serialize)]
@@ -35,6 +37,9 @@ pub struct Ceiling {
     /// MiB/s for bandwidth, microseconds one way for latency.
     pub value: f64,
     pub unit: &'static str,
+    /// What a batch's value is: "mean" (the batch's work over its time)
+    /// or "median" (half the median round trip, latencies).
+    pub per_batch: &'static str,
     /// Every timed batch's value, in order.
     pub batches: Vec<f64>,
 }
@@ -84,6 +89,7 @@ fn result(what: &'static str, size: usize, unit: &'static str, batches: Vec<f64>
         size,
         value: median(&batches),
         unit,
+        per_batch: if unit == "us" { "median" } else { "mean" },
         batches,
     }
 }
@@ -264,28 +270,34 @@ pub fn tcp_stream_bw(size: usize) -> Result<Ceiling, String> {
 pub enum Handoff {
     /// A plain store of the next value (put_lat's sequence word).
     Store,
-    /// A locked add of 1 (add_lat's non-fetching atomic): measured apart
-    /// because a locked read-modify-write takes the line another way than
-    /// a store, and ucx_perftest's add_lat came out below the store's
-    /// figure.
+    /// A locked add of 1 (add_lat's non-fetching atomic), measured apart
+    /// in case a locked read-modify-write moves the line otherwise than a
+    /// store does (on the machine of docs/perf-notes.md both measured the
+    /// same).
     Add,
 }
 
-/// Half the round trip of a counter handed between CPUs 0 and 1 through
-/// one cache line each way: the floor of a one-way latency through shared
-/// memory. A batch is a million round trips or one second, whichever ends
-/// first: both threads spin, and on a loaded machine a hand-off can wait
-/// for a time slice.
+/// Half the median round trip of a counter handed between CPUs 0 and 1
+/// through one cache line each way: the floor of a one-way latency
+/// through shared memory. Each round trip is timed with perftest's clock,
+/// as both perftests time theirs, and a batch reports the median, the
+/// figure their latency rows report: a mean over the batch would count
+/// the preemptions that their medians leave out. A batch is a million
+/// round trips or one second, whichever ends first: both threads spin,
+/// and on a loaded machine a hand-off can wait for a time slice.
 pub fn cacheline_pingpong(how: Handoff) -> Ceiling {
     #[repr(align(128))]
     struct Line(AtomicU64);
     const STOP: u64 = u64::MAX;
     // Each side counts up by one per round trip, so a store of the next
-    // value and an add of 1 leave the same value behind.
+    // value and an add of 1 leave the same value behind. For the add that
+    // holds because the pinger waits for the echo before its next
+    // hand-off: neither side ever skips a value.
     let hand = move |line: &Line, next: u64| match how {
         Handoff::Store => line.0.store(next, Ordering::Release),
         Handoff::Add => {
-            line.0.fetch_add(1, Ordering::AcqRel);
+            let before = line.0.fetch_add(1, Ordering::AcqRel);
+            debug_assert_eq!(before + 1, next, "the ping-pong lost a step");
         }
     };
     let ping = Arc::new((Line(AtomicU64::new(0)), Line(AtomicU64::new(0))));
@@ -316,14 +328,18 @@ pub fn cacheline_pingpong(how: Handoff) -> Ceiling {
         }
     });
     pin(1);
+    let clock = Clock::new();
+    // Reserved (and touched by the first batch, which is dropped) before
+    // any timed batch, so that no timed round trip takes a page fault.
+    let mut laps: Vec<u64> = Vec::with_capacity(iters as usize);
     let mut batches = Vec::with_capacity(rounds);
     let mut i = 0u64;
     for _ in 0..rounds {
         let t = Instant::now();
-        let mut done = 0u64;
-        while done < iters {
+        laps.clear();
+        let mut last = clock.now();
+        while (laps.len() as u64) < iters {
             i += 1;
-            done += 1;
             hand(&ping.0, i);
             let mut spins = 0u32;
             while ping.1 .0.load(Ordering::Acquire) != i {
@@ -336,11 +352,16 @@ pub fn cacheline_pingpong(how: Handoff) -> Ceiling {
                     std::hint::spin_loop();
                 }
             }
-            if done.is_multiple_of(64) && t.elapsed().as_secs() >= 1 {
+            let now = clock.now();
+            laps.push(now.wrapping_sub(last));
+            last = now;
+            if laps.len().is_multiple_of(64) && t.elapsed().as_secs() >= 1 {
                 break;
             }
         }
-        batches.push(t.elapsed().as_secs_f64() * 1e6 / done as f64 / 2.0);
+        let mid = laps.len() / 2;
+        let (_, median, _) = laps.select_nth_unstable(mid);
+        batches.push(clock.ns(*median) / 1e3 / 2.0);
     }
     ping.0 .0.store(STOP, Ordering::Release);
     let _ = echo.join();
@@ -352,7 +373,7 @@ pub fn cacheline_pingpong(how: Handoff) -> Ceiling {
     result(what, 8, "us", batches)
 }
 
-/// Half the round trip of `size` bytes each way over loopback TCP.
+/// Half the median round trip of `size` bytes each way over loopback TCP.
 pub fn tcp_pingpong(size: usize) -> Result<Ceiling, String> {
     let listener =
         TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind on 127.0.0.1: {e}"))?;
@@ -378,14 +399,23 @@ pub fn tcp_pingpong(size: usize) -> Result<Ceiling, String> {
     // A stray connection or a stalled peer thread must not hang the run.
     let _ = s.set_read_timeout(Some(IO_LIMIT));
     let mut buf = vec![0x5au8; size];
+    let clock = Clock::new();
+    let mut laps: Vec<u64> = Vec::with_capacity(iters);
     let mut batches = Vec::with_capacity(rounds);
     for _ in 0..rounds {
-        let t = Instant::now();
+        laps.clear();
+        let mut last = clock.now();
         for _ in 0..iters {
             s.write_all(&buf).map_err(|e| format!("write: {e}"))?;
             s.read_exact(&mut buf).map_err(|e| format!("read: {e}"))?;
+            let now = clock.now();
+            laps.push(now.wrapping_sub(last));
+            last = now;
         }
-        batches.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0);
+        // The median round trip, as the tcp latency rows report theirs.
+        let mid = laps.len() / 2;
+        let (_, median, _) = laps.select_nth_unstable(mid);
+        batches.push(clock.ns(*median) / 1e3 / 2.0);
     }
     echo.join()
         .map_err(|_| "the echo thread panicked".to_string())??;

@@ -81,7 +81,8 @@ enum Cmd {
     /// What the machine allows with no transport in the way, for the
     /// ceilings of docs/perf-notes.md: memcpy, process_vm_writev and a
     /// loopback tcp stream per size (MiB/s), a cache-line ping-pong
-    /// between CPUs 0 and 1 and a loopback tcp ping-pong (us one way);
+    /// between CPUs 0 and 1 (by store and by atomic add; half the median
+    /// round trip) and a loopback tcp ping-pong (us one way);
     /// the median of 5 batches, pinned as compare-ucx pins the tools.
     Ceiling {
         /// Sizes, comma-separated (8, 1k, 64k, 4m).
