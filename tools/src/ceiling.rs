@@ -271,9 +271,8 @@ pub enum Handoff {
     /// A plain store of the next value (put_lat's sequence word).
     Store,
     /// A locked add of 1 (add_lat's non-fetching atomic), measured apart
-    /// in case a locked read-modify-write moves the line otherwise than a
-    /// store does (on the machine of docs/perf-notes.md both measured the
-    /// same).
+    /// because a locked read-modify-write may move the line otherwise than
+    /// a store does (docs/perf-notes.md has both, regime by regime).
     Add,
 }
 
@@ -329,8 +328,8 @@ pub fn cacheline_pingpong(how: Handoff) -> Ceiling {
     });
     pin(1);
     let clock = Clock::new();
-    // Reserved (and touched by the first batch, which is dropped) before
-    // any timed batch, so that no timed round trip takes a page fault.
+    // Reserved before any batch, so that no lap reallocates; the first
+    // batch, which is dropped, takes most of the first-touch page faults.
     let mut laps: Vec<u64> = Vec::with_capacity(iters as usize);
     let mut batches = Vec::with_capacity(rounds);
     let mut i = 0u64;
