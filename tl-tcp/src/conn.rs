@@ -28,6 +28,7 @@ pub const SEND_QUEUE_LIMIT: usize = 8 << 20;
 /// iovecs handed to one sendmsg.
 const IOV_BATCH: usize = 64;
 const READ_CHUNK: usize = 256 * 1024;
+
 /// A connection and its queues.
 pub struct Conn {
     stream: TcpStream,

@@ -265,6 +265,14 @@ pub fn tcp_stream_bw(size: usize) -> Result<Ceiling, String> {
     Ok(result("tcp_stream", size, "MiB/s", batches))
 }
 
+/// Half the median of round trips timed in `clock` ticks, in us one way:
+/// the figure the perftests' latency rows report. `laps` is not empty.
+fn half_median_us(clock: &Clock, laps: &mut [u64]) -> f64 {
+    let mid = laps.len() / 2;
+    let (_, median, _) = laps.select_nth_unstable(mid);
+    clock.ns(*median) / 1e3 / 2.0
+}
+
 /// How a cache-line ping-pong hands the counter over.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Handoff {
@@ -358,9 +366,7 @@ pub fn cacheline_pingpong(how: Handoff) -> Ceiling {
                 break;
             }
         }
-        let mid = laps.len() / 2;
-        let (_, median, _) = laps.select_nth_unstable(mid);
-        batches.push(clock.ns(*median) / 1e3 / 2.0);
+        batches.push(half_median_us(&clock, &mut laps));
     }
     ping.0 .0.store(STOP, Ordering::Release);
     let _ = echo.join();
@@ -411,10 +417,7 @@ pub fn tcp_pingpong(size: usize) -> Result<Ceiling, String> {
             laps.push(now.wrapping_sub(last));
             last = now;
         }
-        // The median round trip, as the tcp latency rows report theirs.
-        let mid = laps.len() / 2;
-        let (_, median, _) = laps.select_nth_unstable(mid);
-        batches.push(clock.ns(*median) / 1e3 / 2.0);
+        batches.push(half_median_us(&clock, &mut laps));
     }
     echo.join()
         .map_err(|_| "the echo thread panicked".to_string())??;
