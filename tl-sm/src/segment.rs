@@ -36,7 +36,7 @@ pub const HEADER_SPACE: usize = 4096;
 /// allocates at most. A header that claims more is refused, so that a
 /// peer's sparse segment cannot take our address space.
 pub const MAX_PEER_DATA: usize = 1 << 40;
-const MAGIC: u64 = u64::from_le_bytes(*b"UCTSEG01");
+const MAGIC: u64 = u64::from_le_bytes(*b"UCTSEG02");
 const LIVE: u64 = 1;
 const DEAD: u64 = 2;
 
@@ -51,6 +51,10 @@ pub struct SegHeader {
     len: AtomicU64,
     access: AtomicU64,
     owner_pid: AtomicU64,
+    /// The region id its rkeys carry: descriptor numbers are reused, so a
+    /// stale rkey may open a later segment, which this tells apart from a
+    /// forged secret.
+    region_id: AtomicU64,
 }
 
 // The header must fit the space before the data, which is page-aligned.
@@ -232,7 +236,7 @@ impl Mapping {
     pub fn create(
         label: &str,
         len: usize,
-        secret: u64,
+        (secret, region_id): (u64, u64),
         access: Access,
         peers: Peers,
     ) -> Result<(Mapping, OwnedFd), UctError> {
@@ -256,7 +260,7 @@ impl Mapping {
             ))
         })?;
         let mapping = Mapping::map(fd.as_fd(), size, true, "posix: map a new segment")?;
-        mapping.init_header(secret, len, access);
+        mapping.init_header(secret, region_id, len, access);
         seal(fd.as_fd(), peers)?;
         Ok((mapping, fd))
     }
@@ -291,13 +295,14 @@ impl Mapping {
             size,
             writable: true,
         };
-        mapping.init_header(secret, len, access);
+        mapping.init_header(secret, 0, len, access);
         Ok(mapping)
     }
 
-    fn init_header(&self, secret: u64, len: usize, access: Access) {
+    fn init_header(&self, secret: u64, region_id: u64, len: usize, access: Access) {
         let header = self.header();
         header.secret.store(secret, Ordering::Relaxed);
+        header.region_id.store(region_id, Ordering::Relaxed);
         header.base.store(self.data_ptr() as u64, Ordering::Relaxed);
         header.len.store(len as u64, Ordering::Relaxed);
         header.access.store(access.bits() as u64, Ordering::Relaxed);
@@ -331,10 +336,13 @@ impl Mapping {
         // What the owner's create made of that length, or the whole object
         // when its header claims more (then every access is refused).
         let size = peer.size.min(HEADER_SPACE + (len as usize).max(1));
+        // A segment sealed read-only is mapped read-only even when writes
+        // were asked for: whether it is the region the rkey names is told
+        // by its header, before any rights are judged.
         Mapping::map(
             peer.file.as_fd(),
             size,
-            peers == Peers::ReadWrite,
+            peer.writable,
             "posix: map a peer's segment",
         )
     }
@@ -356,6 +364,9 @@ impl Mapping {
                 "it is object {:?}, not the {expected:?} its owner named",
                 peer.id
             )));
+        }
+        if !peer.writable {
+            return Err(peer.not_a_segment("it is sealed against writes".into()));
         }
         let size = HEADER_SPACE.saturating_add(bytes);
         if peer.size < size {
@@ -439,8 +450,8 @@ impl Mapping {
     }
 
     /// Reads the header fields that never change while the segment lives,
-    /// and checks `secret` against them once.
-    pub fn view(&self, secret: u64) -> View {
+    /// and checks `region_id` and `secret` against them once.
+    pub fn view(&self, region_id: u64, secret: u64) -> View {
         let header = self.header();
         let len = header.len.load(Ordering::Relaxed);
         let base = header.base.load(Ordering::Relaxed);
@@ -450,7 +461,8 @@ impl Mapping {
             granted: self.granted().bits(),
             // A base off its page would put the owner's aligned addresses
             // at misaligned places in our mapping.
-            valid: header.secret.load(Ordering::Relaxed) == secret
+            valid: header.region_id.load(Ordering::Relaxed) == region_id
+                && header.secret.load(Ordering::Relaxed) == secret
                 && base.is_multiple_of(HEADER_SPACE as u64)
                 && (HEADER_SPACE as u64).saturating_add(len) <= self.size as u64,
         }
@@ -527,7 +539,11 @@ impl Mapping {
         needed: Access,
     ) -> UctError {
         let header = self.header();
-        if header.state.load(Ordering::Acquire) != LIVE {
+        // A segment that is gone, or another one behind the descriptor
+        // number the rkey names (a stale rkey), is not the region named.
+        if header.state.load(Ordering::Acquire) != LIVE
+            || header.region_id.load(Ordering::Relaxed) != region_id
+        {
             return UctError::NoSuchRegion { region_id };
         }
         if header.secret.load(Ordering::Relaxed) != secret {

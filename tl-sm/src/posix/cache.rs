@@ -117,7 +117,14 @@ mod tests {
     use crate::segment::{Peers, HEADER_SPACE};
 
     fn segment() -> (Mapping, OwnedFd) {
-        Mapping::create("uct-test-cache", 4096, 1, Access::all(), Peers::ReadWrite).unwrap()
+        Mapping::create(
+            "uct-test-cache",
+            4096,
+            (1, 0),
+            Access::all(),
+            Peers::ReadWrite,
+        )
+        .unwrap()
     }
 
     #[test]

@@ -157,7 +157,7 @@ impl PosixEp {
         let mapping = self.cache.get_or_open(id, || {
             Mapping::open(key.pid, key.fd, key.soft.region_id, peers)
         })?;
-        let view = mapping.view(key.soft.secret);
+        let view = mapping.view(key.soft.region_id, key.soft.secret);
         let _ = key.mapping.set((mapping, view));
         key.mapping.get().ok_or(UctError::NoSuchRegion {
             region_id: key.soft.region_id,

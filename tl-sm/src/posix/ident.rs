@@ -42,7 +42,7 @@ pub(crate) fn create(secret: u64, ring: BorrowedFd<'_>) -> Result<(Mapping, Owne
     let (map, fd) = Mapping::create(
         "uct-posix-iface",
         layout::LEN,
-        secret,
+        (secret, 0),
         Access::empty(),
         Peers::ReadOnly,
     )?;
@@ -69,7 +69,7 @@ pub(crate) fn open(pid: u32, addr: RingAddress) -> Result<(Mapping, (u64, u64))>
             layout::LEN
         )));
     }
-    if !map.view(addr.secret).is_valid() || map.is_dead() {
+    if !map.view(0, addr.secret).is_valid() || map.is_dead() {
         return Err(UctError::Unreachable(format!(
             "the posix iface address names no open iface of process {pid} (a closed iface whose descriptor was reused?)"
         )));

@@ -139,7 +139,7 @@ impl PosixIface {
         let (mapping, ring_fd) = Mapping::create(
             "uct-posix-ring",
             fifo::ring_bytes(),
-            secret,
+            (secret, 0),
             uct_core::Access::empty(),
             Peers::ReadWrite,
         )?;

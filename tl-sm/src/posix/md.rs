@@ -115,16 +115,22 @@ impl MemoryDomain for PosixMd {
             });
         }
         let secret = crate::host::random_u64();
+        let key = new_soft_key(secret, 0, len, access);
         let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         let (map, fd) = if access.intersects(remote) {
-            let (map, fd) =
-                Mapping::create("uct-posix", len, secret, access, Peers::for_access(access))?;
+            let (map, fd) = Mapping::create(
+                "uct-posix",
+                len,
+                (secret, key.region_id),
+                access,
+                Peers::for_access(access),
+            )?;
             (map, Some(fd))
         } else {
             (Mapping::anonymous(len, secret, access)?, None)
         };
         let addr = map.data_ptr() as u64;
-        let key = new_soft_key(secret, addr, len, access);
+        let key = SoftRkey { base: addr, ..key };
         // SAFETY: `map` is a live mapping of `len` data bytes at `addr`,
         // owned by the backing, so it stays mapped until the region drops.
         Ok(unsafe {

@@ -11,7 +11,7 @@ use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
 
-use uct_core::{Access, UctError};
+use uct_core::UctError;
 
 use super::{fd_from_call, seal_op, Peers, HEADER_SPACE, SIZE_SEALS};
 
@@ -104,6 +104,9 @@ pub(super) struct PeerFile {
     pub(super) size: usize,
     /// Its [`file_id`].
     pub(super) id: (u64, u64),
+    /// Opened for writing: asked for, and the file is not sealed against
+    /// writes.
+    pub(super) writable: bool,
     path: String,
 }
 
@@ -134,6 +137,7 @@ impl PeerFile {
             file,
             size: 0,
             id: (named_dev, named_ino),
+            writable: false,
             path: path.clone(),
         };
         match named_mode as libc::mode_t & libc::S_IFMT {
@@ -163,24 +167,23 @@ impl PeerFile {
                 libc::minor(memfds)
             )));
         }
-        let mode = match peers {
-            Peers::ReadWrite => libc::O_RDWR,
-            Peers::ReadOnly => libc::O_RDONLY,
-        };
         // The same file, opened for real: /proc/self/fd of an O_PATH
         // descriptor names the object it holds.
         let reopen = CString::new(format!("/proc/self/fd/{}", handle.as_raw_fd()))
             .map_err(|_| UctError::BadRkey(path.clone()))?;
-        // SAFETY: a valid nul-terminated path; open returns a new descriptor
-        // or -1 with errno set.
-        let file = unsafe {
-            fd_from_call(libc::open(
-                reopen.as_ptr(),
-                mode | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK,
-            ))
-        }
-        .map_err(|e| UctError::io(format!("posix: open {path}"), e))?;
-        let mut peer = peer(file);
+        let open_as = |write: bool| {
+            let mode = if write { libc::O_RDWR } else { libc::O_RDONLY };
+            // SAFETY: a valid nul-terminated path; open returns a new
+            // descriptor or -1 with errno set.
+            unsafe {
+                fd_from_call(libc::open(
+                    reopen.as_ptr(),
+                    mode | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK,
+                ))
+            }
+            .map_err(|e| UctError::io(format!("posix: open {path}"), e))
+        };
+        let mut peer = peer(open_as(peers == Peers::ReadWrite)?);
         // Sealed first, then sized: seals cannot be removed, so the size
         // read after them is the size for good.
         let seals = seal_op(peer.file.as_fd(), libc::F_GET_SEALS, 0)
@@ -196,13 +199,15 @@ impl PeerFile {
         if peer.size < HEADER_SPACE {
             return Err(peer.not_a_segment(format!("{} bytes, less than its header", peer.size)));
         }
-        if peers == Peers::ReadWrite
-            && seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0
-        {
-            return Err(UctError::AccessDenied {
-                needed: Access::REMOTE_WRITE,
-                granted: Access::REMOTE_READ,
-            });
+        let write_sealed = seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0;
+        peer.writable = peers == Peers::ReadWrite && !write_sealed;
+        if peers == Peers::ReadWrite && write_sealed {
+            // Not refused here: the descriptor number may name a later
+            // segment than the rkey's (then the answer is NoSuchRegion), so
+            // the header decides. Reopened read-only, since kernels before
+            // 6.7 refuse even a read-only shared mapping of a write-sealed
+            // file opened for writing.
+            peer.file = open_as(false)?;
         }
         Ok(peer)
     }

@@ -22,7 +22,7 @@ fn label(tag: &str) -> String {
 /// A fresh segment of `len` bytes granting `access`, sealed for `peers`:
 /// the owner's mapping and the descriptor peers open.
 fn segment_for(tag: &str, len: usize, access: Access, peers: Peers) -> (Mapping, OwnedFd) {
-    Mapping::create(&label(tag), len, SECRET, access, peers).expect("create a segment")
+    Mapping::create(&label(tag), len, (SECRET, REGION), access, peers).expect("create a segment")
 }
 
 fn segment(tag: &str, len: usize, access: Access) -> (Mapping, OwnedFd) {
@@ -173,11 +173,18 @@ fn descriptors_that_are_no_memfd_are_refused_without_blocking() {
 #[test]
 fn a_read_only_segment_is_mapped_read_only_and_cannot_be_made_writable() {
     let (owner, fd) = segment("ro", 8192, Access::remote_read_only());
+    // Asked for writes, it is mapped read-only, and a write is refused by
+    // the check, after the header said it is the region named.
+    let asked_rw = open(&fd, Peers::ReadWrite).unwrap();
+    assert!(!asked_rw.is_writable());
+    let view = asked_rw.view(REGION, SECRET);
     assert_eq!(
-        open(&fd, Peers::ReadWrite).unwrap_err(),
+        asked_rw
+            .check_view(&view, REGION, SECRET, base(&owner), 8, Access::REMOTE_WRITE)
+            .unwrap_err(),
         UctError::AccessDenied {
             needed: Access::REMOTE_WRITE,
-            granted: Access::REMOTE_READ
+            granted: Access::remote_read_only()
         }
     );
     let peer = open(&fd, Peers::ReadOnly).unwrap();
@@ -203,7 +210,7 @@ fn a_read_only_mapping_grants_no_write_whatever_the_header_says() {
     // header: the peer's mapping cannot be written, so the check refuses.
     let (owner, fd) = segment_for("liar", 4096, Access::all(), Peers::ReadOnly);
     let peer = open(&fd, Peers::ReadOnly).unwrap();
-    let view = peer.view(SECRET);
+    let view = peer.view(REGION, SECRET);
     let b = base(&owner);
     assert!(peer
         .check_view(&view, REGION, SECRET, b, 8, Access::REMOTE_READ)
@@ -232,8 +239,14 @@ fn mapped(name: &str) -> bool {
 #[test]
 fn dropping_a_mapping_unmaps_it() {
     let name = label("unmap");
-    let (owner, fd) =
-        Mapping::create(&name, 4096, SECRET, Access::all(), Peers::ReadWrite).unwrap();
+    let (owner, fd) = Mapping::create(
+        &name,
+        4096,
+        (SECRET, REGION),
+        Access::all(),
+        Peers::ReadWrite,
+    )
+    .unwrap();
     let peer = open(&fd, Peers::ReadWrite).unwrap();
     drop(fd);
     assert!(mapped(&name));
@@ -247,7 +260,7 @@ fn dropping_a_mapping_unmaps_it() {
 fn an_access_inside_the_range_with_the_rights_is_where_the_peer_maps_it() {
     let (owner, fd) = segment("inside", 8192, Access::remote_read_only());
     let peer = open(&fd, Peers::ReadOnly).unwrap();
-    let view = peer.view(SECRET);
+    let view = peer.view(REGION, SECRET);
     let b = base(&owner);
     let at = |addr: u64, len: u64, needed: Access| {
         peer.check_view(&view, REGION, SECRET, addr, len, needed)
@@ -278,7 +291,7 @@ fn an_access_inside_the_range_with_the_rights_is_where_the_peer_maps_it() {
 fn an_access_outside_the_range_is_refused() {
     let (owner, fd) = segment("outside", 8192, Access::all());
     let peer = open(&fd, Peers::ReadWrite).unwrap();
-    let view = peer.view(SECRET);
+    let view = peer.view(REGION, SECRET);
     let b = base(&owner);
     for (addr, len) in [
         (b - 1, 1),
@@ -307,7 +320,7 @@ fn an_access_without_the_right_is_refused() {
     // Sealed read-write, so only the header's rights refuse.
     let (_owner, fd) = segment_for("rights", 4096, Access::remote_read_only(), Peers::ReadWrite);
     let peer = open(&fd, Peers::ReadWrite).unwrap();
-    let view = peer.view(SECRET);
+    let view = peer.view(REGION, SECRET);
     let b = view.base;
     for needed in [
         Access::REMOTE_WRITE,
@@ -331,7 +344,7 @@ fn a_wrong_secret_is_refused() {
     let peer = open(&fd, Peers::ReadWrite).unwrap();
     let b = base(&owner);
     let forged = SECRET ^ 1;
-    let view = peer.view(forged);
+    let view = peer.view(REGION, forged);
     assert_eq!(
         peer.check_view(&view, REGION, forged, b, 8, Access::REMOTE_READ)
             .unwrap_err(),
@@ -343,7 +356,7 @@ fn a_wrong_secret_is_refused() {
 fn a_freed_segment_is_no_such_region() {
     let (owner, fd) = segment("dead", 4096, Access::all());
     let peer = open(&fd, Peers::ReadWrite).unwrap();
-    let view = peer.view(SECRET);
+    let view = peer.view(REGION, SECRET);
     let b = base(&owner);
     assert!(peer
         .check_view(&view, REGION, SECRET, b, 8, Access::REMOTE_READ)
@@ -365,11 +378,45 @@ fn a_freed_segment_is_no_such_region() {
 }
 
 #[test]
+fn a_stale_key_whose_descriptor_names_a_later_segment_is_no_such_region() {
+    // The rkey's segment is gone and its descriptor number now holds
+    // another one, read-write or sealed read-only: the key's region id
+    // tells them apart, so the answer is neither BadSecret nor
+    // AccessDenied (what the later segment's secret and rights would say).
+    for peers in [Peers::ReadWrite, Peers::ReadOnly] {
+        let access = match peers {
+            Peers::ReadWrite => Access::all(),
+            Peers::ReadOnly => Access::remote_read_only(),
+        };
+        let (later, fd) = Mapping::create(
+            &label("later"),
+            4096,
+            (SECRET ^ 7, REGION + 1),
+            access,
+            peers,
+        )
+        .unwrap();
+        let stale = open(&fd, Peers::ReadWrite).unwrap();
+        let view = stale.view(REGION, SECRET);
+        assert!(!view.is_valid());
+        for needed in [Access::REMOTE_READ, Access::REMOTE_WRITE] {
+            assert_eq!(
+                stale
+                    .check_view(&view, REGION, SECRET, base(&later), 8, needed)
+                    .unwrap_err(),
+                UctError::NoSuchRegion { region_id: REGION },
+                "{peers:?} {needed}"
+            );
+        }
+    }
+}
+
+#[test]
 fn a_view_never_reaches_past_the_mapping_it_is_used_on() {
     // A view read from a larger segment, used on a smaller one.
     let (big, _big_fd) = segment("big", 16384, Access::all());
     let (small, _small_fd) = segment("small", 4096, Access::all());
-    let view = big.view(SECRET);
+    let view = big.view(REGION, SECRET);
     let b = base(&big);
     let at = |offset: u64, len: u64| {
         small.check_view(&view, REGION, SECRET, b + offset, len, Access::REMOTE_READ)
@@ -386,7 +433,7 @@ fn a_header_that_claims_more_than_the_segment_holds_is_refused() {
     owner.header().len.store(1 << 30, Ordering::Relaxed);
     let peer = open(&fd, Peers::ReadWrite).unwrap();
     assert_eq!(peer.data_len(), 4096);
-    let view = peer.view(SECRET);
+    let view = peer.view(REGION, SECRET);
     assert!(peer
         .check_view(&view, REGION, SECRET, base(&owner), 8, Access::REMOTE_READ)
         .is_err());
@@ -455,7 +502,7 @@ fn a_header_with_a_misaligned_base_is_refused() {
     let b = base(&owner);
     owner.header().base.store(b + 1, Ordering::Relaxed);
     let peer = open(&fd, Peers::ReadWrite).unwrap();
-    let view = peer.view(SECRET);
+    let view = peer.view(REGION, SECRET);
     let got = peer.check_view(&view, REGION, SECRET, b + 8, 8, Access::REMOTE_ATOMIC);
     assert!(
         matches!(got, Err(UctError::BadRkey(ref why)) if why.contains("aligned")),

@@ -13,8 +13,14 @@ use crate::segment::Peers;
 /// A segment of `len` data bytes: the owner's mapping and the descriptor
 /// that keeps it, which peers open.
 fn segment(len: usize) -> (Mapping, OwnedFd) {
-    Mapping::create("uct-test-fifo", len, 0, Access::empty(), Peers::ReadWrite)
-        .expect("create a segment")
+    Mapping::create(
+        "uct-test-fifo",
+        len,
+        (0, 0),
+        Access::empty(),
+        Peers::ReadWrite,
+    )
+    .expect("create a segment")
 }
 
 /// A peer's mapping of the segment behind `fd`.
