@@ -20,10 +20,11 @@
 use std::collections::VecDeque;
 use std::net::Ipv6Addr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use md_ib::IbMd;
 use rdma_sys::*;
+use uct_core::coarse_clock::CoarseInstant;
 use uct_core::{
     Access, Completion, CompletionData, MemHandle, MemoryDomain, MemoryType, Result, UctError,
 };
@@ -143,7 +144,7 @@ pub(crate) struct Connection {
     idle_polls: u32,
     checks: u32,
     /// When the connection failed (the QP went to the error state).
-    failed_at: Option<Instant>,
+    failed_at: Option<CoarseInstant>,
     /// The port's watcher, the port, and how many times it had gone down
     /// when this connection was made: the connection fails once it goes
     /// down again.
@@ -194,7 +195,7 @@ impl Connection {
             recv_lkey,
             received: VecDeque::new(),
             label: device.to_string(),
-            live: Liveness::new(queues.peer_timeout, Instant::now()),
+            live: Liveness::new(queues.peer_timeout, CoarseInstant::now()),
             saw_progress: false,
             heard: false,
             idle_polls: 0,
@@ -251,7 +252,7 @@ impl Connection {
         let mut stop = false;
         if self.failed_at.is_none() {
             log::debug!("rc {}: endpoint failed: {error}", self.label);
-            self.failed_at = Some(Instant::now());
+            self.failed_at = Some(CoarseInstant::now());
             if let Some(Err(e)) = self.qp.as_ref().map(Qp::to_error) {
                 log::warn!(
                     "rc {}: {e}; the QP is destroyed now instead, so that the NIC stops",
@@ -369,7 +370,7 @@ impl Connection {
             if n < wcs.len() {
                 self.idle_polls = self.idle_polls.wrapping_add(1);
                 if self.idle_polls.is_multiple_of(IDLE_POLLS_EVERY) {
-                    self.tick(Instant::now());
+                    self.tick(CoarseInstant::now());
                 }
                 return total;
             }
@@ -382,7 +383,7 @@ impl Connection {
     pub(crate) fn check(&mut self) -> Result<()> {
         self.checks = self.checks.wrapping_add(1);
         if self.checks.is_multiple_of(CHECK_EVERY) {
-            self.tick(Instant::now());
+            self.tick(CoarseInstant::now());
         }
         match self.tx.failure() {
             Some(e) => Err(e.clone()),
@@ -393,7 +394,7 @@ impl Connection {
     /// What the clock says: after a failure, whether to stop waiting for
     /// flushed completions; before, whether to probe the peer or give it
     /// up.
-    fn tick(&mut self, now: Instant) {
+    fn tick(&mut self, now: CoarseInstant) {
         if std::mem::take(&mut self.saw_progress) {
             self.live.sign_of_life(now);
         }
@@ -464,7 +465,7 @@ impl Connection {
         if self.failed_at.is_none() && !matches!(status, WcStatus::Success) {
             // An error completion may be the port's doing: then the port
             // is what the endpoint's error names.
-            let now = Instant::now();
+            let now = CoarseInstant::now();
             if let Some(why) = self.watch.check_now(self.port, self.port_generation, now) {
                 self.port_failed(why);
             }
@@ -545,9 +546,10 @@ impl Connection {
         });
         if self.post_planned(wr, data, expect, what, plan)? {
             // The peer timeout counts from the first op outstanding, to the
-            // moment: the queue seldom empties while it is busy, so the
-            // clock is read seldom.
-            self.live.sign_of_life(Instant::now());
+            // moment: the queue seldom empties while it is busy, and a
+            // ping-pong that empties it every time reads the coarse clock,
+            // which is never a system call.
+            self.live.sign_of_life(CoarseInstant::now());
         }
         Ok(())
     }
@@ -636,7 +638,7 @@ impl Connection {
             Ipv6Addr::from(remote.gid)
         );
         self.tx.rename(&self.label);
-        self.live.sign_of_life(Instant::now());
+        self.live.sign_of_life(CoarseInstant::now());
         Ok(())
     }
 }

@@ -29,7 +29,9 @@
 //! within the peer timeout (plus that extension) of our send queue's last
 //! progress, give or take how often the endpoint looks at the clock.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use uct_core::coarse_clock::CoarseInstant;
 
 /// The slowest link a live peer is assumed to have, in bytes per second
 /// (64 MiB/s: below 1 GbE RoCE, any faster RDMA NIC, and rxe in an
@@ -87,17 +89,17 @@ pub struct Liveness {
     peer_timeout: Duration,
     /// The last send completion, or the first post after a quiet spell:
     /// the deadlines count from it.
-    last_sign: Instant,
+    last_sign: CoarseInstant,
     /// The last message received: it only delays the keepalive of an idle
     /// endpoint.
-    last_heard: Instant,
+    last_heard: CoarseInstant,
     /// When the keepalive still outstanding was posted.
-    probe: Option<Instant>,
+    probe: Option<CoarseInstant>,
 }
 
 impl Liveness {
     /// A peer that showed a sign of life at `now`.
-    pub fn new(peer_timeout: Duration, now: Instant) -> Self {
+    pub fn new(peer_timeout: Duration, now: CoarseInstant) -> Self {
         Liveness {
             peer_timeout,
             last_sign: now,
@@ -119,19 +121,19 @@ impl Liveness {
 
     /// A send completion came (the peer's NIC took what we sent), or the
     /// first post after nothing was outstanding: the clock starts again.
-    pub fn sign_of_life(&mut self, now: Instant) {
+    pub fn sign_of_life(&mut self, now: CoarseInstant) {
         self.last_sign = now;
     }
 
     /// A message from the peer arrived at `now`: the peer is there, but
     /// this says nothing about its taking what we send, so it only delays
     /// the keepalive of an endpoint with nothing outstanding.
-    pub fn received(&mut self, now: Instant) {
+    pub fn received(&mut self, now: CoarseInstant) {
         self.last_heard = self.last_heard.max(now);
     }
 
     /// The keepalive was posted at `now`.
-    pub fn probe_sent(&mut self, now: Instant) {
+    pub fn probe_sent(&mut self, now: CoarseInstant) {
         self.probe = Some(now);
     }
 
@@ -152,7 +154,7 @@ impl Liveness {
     }
 
     /// What to do at `now`, given the send queue.
-    pub fn tick(&self, now: Instant, queue: SendQueue) -> Verdict {
+    pub fn tick(&self, now: CoarseInstant, queue: SendQueue) -> Verdict {
         let slack = Self::slack(queue.bytes_ahead);
         if let Some(sent) = self.probe {
             // Counted from the later of the probe and the last send
@@ -213,7 +215,7 @@ mod tests {
 
     #[test]
     fn an_idle_endpoint_probes_after_half_the_timeout_and_only_once() {
-        let t0 = Instant::now();
+        let t0 = CoarseInstant::now();
         let mut live = Liveness::new(T, t0);
         assert_eq!(
             live.tick(t0 + T / 2 - Duration::from_millis(1), idle()),
@@ -231,7 +233,7 @@ mod tests {
 
     #[test]
     fn an_answered_probe_starts_the_clock_again() {
-        let t0 = Instant::now();
+        let t0 = CoarseInstant::now();
         let mut live = Liveness::new(T, t0);
         live.probe_sent(t0 + T / 2);
         live.probe_answered();
@@ -246,7 +248,7 @@ mod tests {
 
     #[test]
     fn an_unanswered_probe_finds_the_peer_dead_within_the_timeout() {
-        let t0 = Instant::now();
+        let t0 = CoarseInstant::now();
         let mut live = Liveness::new(T, t0);
         let sent = t0 + T / 2;
         live.probe_sent(sent);
@@ -262,7 +264,7 @@ mod tests {
 
     #[test]
     fn a_signalled_tail_is_waited_for_up_to_the_timeout_without_probes() {
-        let t0 = Instant::now();
+        let t0 = CoarseInstant::now();
         let live = Liveness::new(T, t0);
         assert_eq!(live.tick(t0 + T, queue(3, true)), Verdict::Alive);
         let late = t0 + T + Duration::from_millis(1);
@@ -279,7 +281,7 @@ mod tests {
     fn an_unsignalled_tail_is_probed_not_taken_for_dead() {
         // A live peer never makes unsignalled completions visible: without
         // a probe, one put and a quiet spell would look like a dead peer.
-        let t0 = Instant::now();
+        let t0 = CoarseInstant::now();
         let live = Liveness::new(T, t0);
         assert_eq!(live.tick(t0 + T / 2, queue(1, false)), Verdict::Probe);
         assert_eq!(live.tick(t0 + 3 * T, queue(1, false)), Verdict::Probe);
@@ -287,7 +289,7 @@ mod tests {
 
     #[test]
     fn no_credit_no_probe() {
-        let t0 = Instant::now();
+        let t0 = CoarseInstant::now();
         let live = Liveness::new(T, t0);
         let full = SendQueue {
             outstanding: 0,
@@ -313,7 +315,7 @@ mod tests {
     /// later of its post and the last of them.
     #[test]
     fn signs_of_life_while_a_probe_is_out_keep_the_peer_alive() {
-        let t0 = Instant::now();
+        let t0 = CoarseInstant::now();
         let mut live = Liveness::new(T, t0);
         live.probe_sent(t0 + T / 2);
         live.sign_of_life(t0 + T);
@@ -337,7 +339,7 @@ mod tests {
     /// found, that much later.
     #[test]
     fn a_probe_behind_large_posts_gets_the_time_they_need() {
-        let t0 = Instant::now();
+        let t0 = CoarseInstant::now();
         let mut live = Liveness::new(T, t0);
         let unsignalled = SendQueue {
             outstanding: 16,
@@ -391,7 +393,7 @@ mod tests {
     fn messages_received_do_not_extend_a_probes_deadline() {
         let ms = Duration::from_millis(1);
         for bytes_ahead in [0, 1 << 30] {
-            let t0 = Instant::now();
+            let t0 = CoarseInstant::now();
             let mut live = Liveness::new(T, t0);
             assert_eq!(live.tick(t0 + T / 2, idle()), Verdict::Probe);
             let sent = t0 + T / 2;
@@ -423,7 +425,7 @@ mod tests {
     #[test]
     fn messages_received_do_not_extend_the_outstanding_deadline() {
         let ms = Duration::from_millis(1);
-        let t0 = Instant::now();
+        let t0 = CoarseInstant::now();
         let mut live = Liveness::new(T, t0);
         for k in 1..=4 {
             live.received(t0 + k * T / 4);
@@ -445,7 +447,7 @@ mod tests {
     #[test]
     fn messages_received_do_not_hold_back_the_probe_of_unsignalled_posts() {
         let ms = Duration::from_millis(1);
-        let t0 = Instant::now();
+        let t0 = CoarseInstant::now();
         let mut live = Liveness::new(T, t0);
         live.received(t0 + T / 4);
         live.received(t0 + T / 2);
@@ -468,7 +470,7 @@ mod tests {
     /// for.
     #[test]
     fn messages_received_delay_the_probe_of_an_idle_endpoint() {
-        let t0 = Instant::now();
+        let t0 = CoarseInstant::now();
         let mut live = Liveness::new(T, t0);
         live.received(t0 + T / 4);
         assert_eq!(live.tick(t0 + T / 2, idle()), Verdict::Alive);
@@ -477,7 +479,7 @@ mod tests {
 
     #[test]
     fn a_clock_read_before_the_last_sign_is_not_an_overflow() {
-        let t0 = Instant::now();
+        let t0 = CoarseInstant::now();
         let mut live = Liveness::new(T, t0 + T);
         live.probe_sent(t0 + T);
         assert_eq!(live.tick(t0, idle()), Verdict::Alive);

@@ -17,10 +17,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use md_ib::verbs::Context;
 use rdma_sys::*;
+use uct_core::coarse_clock::CoarseInstant;
 
 /// How often a device is looked at, at most: an ibv_query_port per port
 /// (a system call) and a read of the event file.
@@ -39,7 +40,7 @@ struct PortState {
 
 #[derive(Debug, Default)]
 struct Watched {
-    last_poll: Option<Instant>,
+    last_poll: Option<CoarseInstant>,
     ports: HashMap<u8, PortState>,
 }
 
@@ -108,7 +109,7 @@ impl PortWatch {
     /// Why `port` is unusable for an endpoint created at `generation`:
     /// it is down now, or went down since. Looks at the device when it was
     /// not looked at in the last [`POLL_EVERY`].
-    pub fn check(&self, port: u8, generation: u64, now: Instant) -> Option<String> {
+    pub fn check(&self, port: u8, generation: u64, now: CoarseInstant) -> Option<String> {
         self.look(port, generation, now, false)
     }
 
@@ -116,11 +117,11 @@ impl PortWatch {
     /// looked at last: for an error completion, which may be the port's
     /// doing (rxe fails the QP's requests with "local QP operation error"
     /// once its link is down).
-    pub fn check_now(&self, port: u8, generation: u64, now: Instant) -> Option<String> {
+    pub fn check_now(&self, port: u8, generation: u64, now: CoarseInstant) -> Option<String> {
         self.look(port, generation, now, true)
     }
 
-    fn look(&self, port: u8, generation: u64, now: Instant, force: bool) -> Option<String> {
+    fn look(&self, port: u8, generation: u64, now: CoarseInstant, force: bool) -> Option<String> {
         let mut st = self.lock();
         st.ports.entry(port).or_default();
         let due = force

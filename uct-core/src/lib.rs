@@ -68,6 +68,7 @@
 
 pub mod atomic_ops;
 pub mod bootstrap;
+pub mod coarse_clock;
 pub mod completion;
 pub mod component;
 pub mod config;
