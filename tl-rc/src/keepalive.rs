@@ -27,7 +27,9 @@
 //!
 //! Either way a peer that dies, or stops taking what we send, is found
 //! within the peer timeout (plus that extension) of our send queue's last
-//! progress, give or take how often the endpoint looks at the clock.
+//! progress, give or take how often the endpoint looks at the clock and
+//! its resolution (the coarse clock's tick, up to 10 ms: at the smallest
+//! peer timeout, 100 ms, a verdict may come up to a tenth early).
 
 use std::time::Duration;
 

@@ -1,10 +1,10 @@
 //! Shared-memory segments of the posix transport: a memfd with a header
-//! page the owner writes (state, secret, range, rights) and the data after
+//! page the owner writes (state, region id, secret, range, rights) and the data after
 //! it. The owner keeps the memfd open; a peer opens it as
 //! `/proc/<pid>/fd/<fd>` (the rkey or the iface address carries pid and fd)
-//! and checks the header before every access, so a region that was freed, a
-//! wrong secret (an fd number reused for another segment), an access outside
-//! the range or without the right is refused.
+//! and checks the header before every access, so a region that was freed,
+//! another region (an fd number reused for a later segment), a wrong
+//! secret, an access outside the range or without the right is refused.
 //!
 //! The kernel enforces what the header cannot. Every segment is sealed
 //! against shrinking and growing, and a peer maps one only after checking
@@ -66,12 +66,13 @@ pub struct View {
     base: u64,
     len: u64,
     granted: u8,
-    /// The secret matched and the range fits the mapping.
+    /// The region id and the secret matched and the range fits the mapping.
     valid: bool,
 }
 
 impl View {
-    /// Whether the secret matched and the header's range fits the mapping.
+    /// Whether the region id and the secret matched and the header's range
+    /// fits the mapping.
     pub fn is_valid(&self) -> bool {
         self.valid
     }
@@ -316,7 +317,9 @@ impl Mapping {
     /// Maps the segment that process `pid` keeps open as descriptor `fd`,
     /// as `peers` says (read-write or read-only), after checking that it is
     /// one: a memfd sealed against shrinking and growing, large enough for
-    /// the header, with the magic. Only as much as its header claims is
+    /// the header, with the magic. A file sealed against writes is mapped
+    /// read-only even when `peers` asks for writes (the checks refuse them
+    /// once the header says it is the region named). Only as much as its header claims is
     /// mapped, and never more than [`MAX_PEER_DATA`] bytes of data. A
     /// missing descriptor was closed by its owner:
     /// [`UctError::NoSuchRegion`] with `region_id`.
@@ -366,7 +369,8 @@ impl Mapping {
             )));
         }
         if !peer.writable {
-            return Err(peer.not_a_segment("it is sealed against writes".into()));
+            return Err(peer
+                .not_a_segment("it is sealed against writes, and a ring must be writable".into()));
         }
         let size = HEADER_SPACE.saturating_add(bytes);
         if peer.size < size {
@@ -488,6 +492,9 @@ impl Mapping {
                 .checked_add(len)
                 .is_some_and(|end| end <= view.base.saturating_add(view.len))
             && view.granted & needed.bits() == needed.bits()
+            // A view read from a writable mapping, used on a read-only one,
+            // must not let a store through (it would fault).
+            && (self.writable || !needed.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC))
             // A view read from another, larger mapping must not reach past
             // this one. (addr - base + len <= view.len, which fits a usize.)
             && (addr - view.base + len) as usize <= self.data_len();

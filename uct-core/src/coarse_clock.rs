@@ -1,5 +1,8 @@
-//! A monotonic clock of tick resolution (`CLOCK_MONOTONIC_COARSE`, 1 to 4
-//! ms) for deadlines of seconds: peer timeouts, keepalives, drain limits.
+//! A monotonic clock of tick resolution (`CLOCK_MONOTONIC_COARSE`, 1 to 10
+//! ms with the kernel's HZ) for deadlines of seconds: peer timeouts,
+//! keepalives, drain limits. Two readings may differ from the time between
+//! them by up to a tick either way, so a deadline fires up to a tick early
+//! or late.
 //!
 //! Why not [`std::time::Instant`]: it reads `CLOCK_MONOTONIC`, which the
 //! vDSO serves only when the clocksource allows it (tsc, kvm-clock). With

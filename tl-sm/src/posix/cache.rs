@@ -17,7 +17,8 @@ pub(crate) const MAX_ENTRIES: usize = 1024;
 /// segments a peer may have ([`crate::segment::MAX_PEER_DATA`]).
 pub(crate) const MAX_BYTES: usize = 16 << 40;
 
-/// A segment by owner pid, descriptor and whether the mapping is writable.
+/// A segment by owner pid, descriptor and whether writes were asked for (a
+/// file sealed against writes is mapped read-only even then).
 pub(crate) type Key = (u32, u32, bool);
 
 #[derive(Default)]
@@ -78,7 +79,7 @@ impl SegmentCache {
             }
         }
         // Not mapped yet, or freed by its owner: the descriptor is closed
-        // (NoSuchRegion) or now holds another segment (whose secret
+        // (NoSuchRegion) or now holds another segment (whose region id
         // differs). Opened without the lock: a peer's file may take its
         // time, and the iface's other endpoints must not wait for it.
         let mapping = Arc::new(open()?);

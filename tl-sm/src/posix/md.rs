@@ -30,8 +30,8 @@ pub struct PosixRkey {
     /// The owner's pid.
     pub pid: u32,
     /// The owner's descriptor of the segment: peers open
-    /// `/proc/<pid>/fd/<fd>`. Descriptor numbers are reused, so the secret
-    /// is what tells this segment from a later one.
+    /// `/proc/<pid>/fd/<fd>`. Descriptor numbers are reused, so the region
+    /// id (in the segment's header too) tells this segment from a later one.
     pub fd: u32,
     /// The segment and its fixed header fields, once an endpoint has mapped
     /// it: later accesses through this key only check that it is alive.

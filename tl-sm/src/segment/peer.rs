@@ -97,7 +97,8 @@ fn kind(mode: libc::mode_t) -> &'static str {
 }
 
 /// A peer's segment, opened for reading (and writing, for
-/// [`Peers::ReadWrite`]) after the checks above.
+/// [`Peers::ReadWrite`] when the file is not sealed against writes: see
+/// `writable`) after the checks above.
 pub(super) struct PeerFile {
     pub(super) file: OwnedFd,
     /// Its size, read after its seals: fixed for good.

@@ -412,6 +412,30 @@ fn a_stale_key_whose_descriptor_names_a_later_segment_is_no_such_region() {
 }
 
 #[test]
+fn a_writable_view_used_on_a_read_only_mapping_lets_no_store_through() {
+    let (owner, fd) = segment("mixed", 4096, Access::all());
+    let writable = open(&fd, Peers::ReadWrite).unwrap();
+    let read_only = open(&fd, Peers::ReadOnly).unwrap();
+    let view = writable.view(REGION, SECRET);
+    let b = base(&owner);
+    assert!(writable
+        .check_view(&view, REGION, SECRET, b, 8, Access::REMOTE_WRITE)
+        .is_ok());
+    assert!(read_only
+        .check_view(&view, REGION, SECRET, b, 8, Access::REMOTE_READ)
+        .is_ok());
+    for needed in [Access::REMOTE_WRITE, Access::REMOTE_ATOMIC] {
+        assert!(
+            matches!(
+                read_only.check_view(&view, REGION, SECRET, b, 8, needed),
+                Err(UctError::AccessDenied { .. })
+            ),
+            "{needed}"
+        );
+    }
+}
+
+#[test]
 fn a_view_never_reaches_past_the_mapping_it_is_used_on() {
     // A view read from a larger segment, used on a smaller one.
     let (big, _big_fd) = segment("big", 16384, Access::all());
