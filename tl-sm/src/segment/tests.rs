@@ -601,3 +601,25 @@ fn a_fifo_is_refused_without_being_opened() {
         );
     }
 }
+
+#[test]
+fn a_ring_sealed_against_writes_is_refused() {
+    // A peer that names a write-sealed segment as its ring: the ring must
+    // be writable, so it is refused before anything in it is read.
+    let (_owner, fd) = segment("ring-ro", 8192, Access::remote_read_only());
+    let id = file_id(fd.as_fd()).unwrap();
+    let pid = std::process::id();
+    let got = Mapping::open_shared(pid, fd.as_raw_fd() as u32, 4096, id);
+    match got {
+        Err(UctError::BadRkey(why)) => assert!(why.contains("sealed against writes"), "{why}"),
+        other => panic!(
+            "a write-sealed ring was not refused as such: {:?}",
+            other.err()
+        ),
+    }
+    // The same call on a read-write segment maps it.
+    let (_owner, fd) = segment("ring-rw", 8192, Access::all());
+    let id = file_id(fd.as_fd()).unwrap();
+    let ring = Mapping::open_shared(pid, fd.as_raw_fd() as u32, 4096, id).unwrap();
+    assert!(ring.is_writable());
+}
