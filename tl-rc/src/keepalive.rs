@@ -29,7 +29,8 @@
 //! within the peer timeout (plus that extension) of our send queue's last
 //! progress, give or take how often the endpoint looks at the clock and
 //! its resolution (the coarse clock's tick, up to 10 ms: at the smallest
-//! peer timeout, 100 ms, a verdict may come up to a tenth early).
+//! peer timeout, 100 ms, where a keepalive has 50 ms to be answered, a
+//! verdict may come a fifth of that window early).
 
 use std::time::Duration;
 

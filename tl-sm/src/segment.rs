@@ -330,6 +330,14 @@ impl Mapping {
         if word(std::mem::offset_of!(SegHeader, magic))? != MAGIC {
             return Err(peer.not_a_segment("no uct segment magic".into()));
         }
+        // A stale rkey whose descriptor number now names a later segment,
+        // or a segment its owner freed, costs no mapping: it is refused
+        // here, from the copy (the mapped header decides again later).
+        if word(std::mem::offset_of!(SegHeader, region_id))? != region_id
+            || word(std::mem::offset_of!(SegHeader, state))? != LIVE
+        {
+            return Err(UctError::NoSuchRegion { region_id });
+        }
         let len = word(std::mem::offset_of!(SegHeader, len))?;
         if len > MAX_PEER_DATA as u64 {
             return Err(peer.not_a_segment(format!(
@@ -369,8 +377,9 @@ impl Mapping {
             )));
         }
         if !peer.writable {
-            return Err(peer
-                .not_a_segment("it is sealed against writes, and a ring must be writable".into()));
+            return Err(UctError::BadRkey(format!(
+                "process {pid}'s posix ring (descriptor {fd}) is sealed against writes, and a ring must be writable: the peer is another uct-rs version, or broken or hostile; connect to another peer"
+            )));
         }
         let size = HEADER_SPACE.saturating_add(bytes);
         if peer.size < size {

@@ -11,15 +11,17 @@ use std::process::{Command, Output};
 
 const NO_DRIVER: &str = "/nonexistent/libcuda.so.1";
 
-/// The folder of the cuda module: beside the tools when the workspace was
-/// built, else in its deps/ folder, where `cargo test -p tools` alone puts
-/// the module (a dev-dependency, built, not linked).
+/// The folder of the cuda module: the tools' deps/ folder, where every
+/// build of tl-cuda (a dev-dependency of the tools, built, not linked)
+/// writes it; the copy beside the tools is made only when the workspace or
+/// tl-cuda itself was built, so it can be older. Beside the tools when
+/// deps/ has none.
 fn module_dir() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_BIN_EXE_transport-info"))
         .parent()
         .expect("the tools' folder")
         .to_path_buf();
-    let found = [dir.clone(), dir.join("deps")]
+    let found = [dir.join("deps"), dir.clone()]
         .into_iter()
         .find(|d| d.join("libuct_cuda.so").exists());
     found.unwrap_or_else(|| {

@@ -396,7 +396,21 @@ fn a_stale_key_whose_descriptor_names_a_later_segment_is_no_such_region() {
             peers,
         )
         .unwrap();
-        let stale = open(&fd, Peers::ReadWrite).unwrap();
+        // Refused before anything is mapped.
+        assert_eq!(
+            open(&fd, Peers::ReadWrite).unwrap_err(),
+            UctError::NoSuchRegion { region_id: REGION },
+            "{peers:?}"
+        );
+        // And by the mapped header, should a mapping be judged against
+        // another region id than the one it was opened for.
+        let stale = Mapping::open(
+            std::process::id(),
+            fd.as_raw_fd() as u32,
+            REGION + 1,
+            Peers::ReadWrite,
+        )
+        .unwrap();
         let view = stale.view(REGION, SECRET);
         assert!(!view.is_valid());
         for needed in [Access::REMOTE_READ, Access::REMOTE_WRITE] {
@@ -622,4 +636,47 @@ fn a_ring_sealed_against_writes_is_refused() {
     let id = file_id(fd.as_fd()).unwrap();
     let ring = Mapping::open_shared(pid, fd.as_raw_fd() as u32, 4096, id).unwrap();
     assert!(ring.is_writable());
+}
+
+#[test]
+fn a_ring_or_segment_sealed_with_f_seal_write_maps_read_only() {
+    // F_SEAL_WRITE (not the owner's F_SEAL_FUTURE_WRITE): before Linux 6.7
+    // the kernel refuses a shared mapping of such a file opened for
+    // writing, so it is reopened read-only and the header decides.
+    let pid = std::process::id();
+    let ring = foreign_memfd(HEADER_SPACE + 8192, SIZE_SEALS | libc::F_SEAL_WRITE);
+    let id = file_id(ring.as_fd()).unwrap();
+    match Mapping::open_shared(pid, ring.as_raw_fd() as u32, 4096, id) {
+        Err(UctError::BadRkey(why)) => assert!(why.contains("sealed against writes"), "{why}"),
+        other => panic!("an F_SEAL_WRITE ring was not refused: {:?}", other.err()),
+    }
+    // A real header, written before the seal: asked for writes, the
+    // segment maps read-only and is the region named; a write is refused
+    // by the rights, after the header matched.
+    let (real, _fd) = segment("sealwrite", 8192, Access::all());
+    let sealed = foreign_memfd(HEADER_SPACE + 8192, 0);
+    copy_header(&real, &sealed, HEADER_SPACE);
+    seal_op(
+        sealed.as_fd(),
+        libc::F_ADD_SEALS,
+        SIZE_SEALS | libc::F_SEAL_WRITE,
+    )
+    .unwrap();
+    let peer = open(&sealed, Peers::ReadWrite).unwrap();
+    assert!(!peer.is_writable());
+    let view = peer.view(REGION, SECRET);
+    assert!(view.is_valid());
+    let b = base(&real);
+    assert!(peer
+        .check_view(&view, REGION, SECRET, b, 8, Access::REMOTE_READ)
+        .is_ok());
+    assert!(matches!(
+        peer.check_view(&view, REGION, SECRET, b, 8, Access::REMOTE_WRITE),
+        Err(UctError::AccessDenied { .. })
+    ));
+    // Another region id behind the same descriptor costs no mapping.
+    assert!(matches!(
+        Mapping::open(pid, sealed.as_raw_fd() as u32, REGION + 1, Peers::ReadOnly),
+        Err(UctError::NoSuchRegion { region_id }) if region_id == REGION + 1
+    ));
 }
