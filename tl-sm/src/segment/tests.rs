@@ -364,6 +364,12 @@ fn a_freed_segment_is_no_such_region() {
     owner.mark_dead();
     assert!(owner.is_dead());
     assert!(peer.is_dead());
+    // A new open of the freed segment is refused from the header copy,
+    // before anything is mapped.
+    assert!(matches!(
+        open(&fd, Peers::ReadWrite),
+        Err(UctError::NoSuchRegion { region_id }) if region_id == REGION
+    ));
     assert_eq!(
         peer.check_view(&view, REGION, SECRET, b, 8, Access::REMOTE_READ)
             .unwrap_err(),
@@ -639,7 +645,7 @@ fn a_ring_sealed_against_writes_is_refused() {
 }
 
 #[test]
-fn a_ring_or_segment_sealed_with_f_seal_write_maps_read_only() {
+fn an_f_seal_write_ring_is_refused_and_such_a_segment_maps_read_only() {
     // F_SEAL_WRITE (not the owner's F_SEAL_FUTURE_WRITE): before Linux 6.7
     // the kernel refuses a shared mapping of such a file opened for
     // writing, so it is reopened read-only and the header decides.
