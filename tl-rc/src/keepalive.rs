@@ -28,9 +28,10 @@
 //! Either way a peer that dies, or stops taking what we send, is found
 //! within the peer timeout (plus that extension) of our send queue's last
 //! progress, give or take how often the endpoint looks at the clock and
-//! its resolution (the coarse clock's tick, up to 10 ms: at the smallest
+//! its resolution (the coarse clock's tick, 1 to 10 ms by the kernel's HZ,
+//! more in an emulated guest that takes its ticks late: at the smallest
 //! peer timeout, 100 ms, where a keepalive has 50 ms to be answered, a
-//! verdict may come a fifth of that window early).
+//! 10 ms tick may bring a verdict a fifth of that window early).
 
 use std::time::Duration;
 

@@ -43,8 +43,8 @@ pub(crate) fn backing_of<'mem, B: 'static>(
 }
 
 /// A new key for `len` bytes at `base` with rights `access`, protected by
-/// `secret`, under a fresh random region id, never 0 (the id of the
-/// identity page, which no rkey names).
+/// `secret`, under a fresh random region id, never 0 (the id of the posix
+/// iface's ring and identity segments, which no rkey names).
 pub(crate) fn new_soft_key(secret: u64, base: u64, len: usize, access: Access) -> SoftRkey {
     SoftRkey {
         region_id: (crate::host::random_u64() >> 16) | 1,

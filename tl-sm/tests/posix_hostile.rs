@@ -134,3 +134,25 @@ fn memory_without_remote_rights_is_no_segment_and_has_no_rkey() {
         .expect_err("an rkey of local-only memory");
     assert!(e.to_string().contains("no remote right"), "{e}");
 }
+
+#[test]
+fn a_freed_regions_rkey_is_no_such_region_every_time() {
+    // The first use finds the region gone; the key remembers it, and later
+    // uses fail the same way, even once a new segment has the freed one's
+    // descriptor number.
+    let (md, mut iface) = open_posix();
+    let mut ep = connect_to_self(iface.as_mut()).expect("endpoint");
+    let (mem, packed) = exported(md.as_ref(), 8192);
+    let addr = mem.addr();
+    let rkey = Registry::global().unpack_rkey(&packed, md.name()).unwrap();
+    drop(mem);
+    let mut buf = [0u8; 8];
+    for round in 0..2 {
+        let got = ep.get_short(&mut buf, addr, &rkey);
+        assert!(
+            matches!(got, Err(uct_core::UctError::NoSuchRegion { .. })),
+            "use {round} of a freed region's rkey: {got:?}"
+        );
+        let _later = exported(md.as_ref(), 8192);
+    }
+}

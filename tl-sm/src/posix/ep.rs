@@ -137,6 +137,11 @@ impl PosixEp {
         if let Some(mapped) = key.mapping.get() {
             return Ok(mapped);
         }
+        if key.freed.get().is_some() {
+            return Err(UctError::NoSuchRegion {
+                region_id: key.soft.region_id,
+            });
+        }
         self.map(key)
     }
 
@@ -154,9 +159,16 @@ impl PosixEp {
     fn map<'k>(&self, key: &'k PosixRkey) -> Result<&'k (Arc<Mapping>, View)> {
         let peers = Peers::for_access(key.soft.access);
         let id = (key.pid, key.fd, peers == Peers::ReadWrite);
-        let mapping = self.cache.get_or_open(id, || {
-            Mapping::open(key.pid, key.fd, key.soft.region_id, peers)
-        })?;
+        let mapping = self
+            .cache
+            .get_or_open(id, || {
+                Mapping::open(key.pid, key.fd, key.soft.region_id, peers)
+            })
+            .inspect_err(|e| {
+                if matches!(e, UctError::NoSuchRegion { .. }) {
+                    let _ = key.freed.set(());
+                }
+            })?;
         let view = mapping.view(key.soft.region_id, key.soft.secret);
         let _ = key.mapping.set((mapping, view));
         key.mapping.get().ok_or(UctError::NoSuchRegion {

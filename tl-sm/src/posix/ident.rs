@@ -58,7 +58,12 @@ pub(crate) fn open(pid: u32, addr: RingAddress) -> Result<(Mapping, (u64, u64))>
     let unreachable =
         |why: String| UctError::Unreachable(format!("process {pid}'s posix iface: {why}"));
     let map = Mapping::open(pid, addr.id_fd, 0, Peers::ReadOnly).map_err(|e| match e {
-        UctError::NoSuchRegion { .. } => unreachable("closed".into()),
+        // Gone, or the descriptor now names another segment (ours or a
+        // file made to look like one): either way no open iface.
+        UctError::NoSuchRegion { .. } => unreachable(
+            "its identity descriptor names no open iface (closed, or reused for another segment)"
+                .into(),
+        ),
         UctError::BadRkey(why) => unreachable(why),
         other => other,
     })?;

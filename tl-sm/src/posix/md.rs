@@ -37,6 +37,10 @@ pub struct PosixRkey {
     /// it: later accesses through this key only check that it is alive.
     #[serde(skip)]
     pub(crate) mapping: OnceLock<(Arc<Mapping>, View)>,
+    /// Set once an endpoint found the region freed: region ids are never
+    /// reused, so later uses fail at once instead of opening the file again.
+    #[serde(skip)]
+    pub(crate) freed: OnceLock<()>,
 }
 
 impl SmRkey for PosixRkey {
@@ -163,6 +167,7 @@ impl MemoryDomain for PosixMd {
                 pid: std::process::id(),
                 fd: fd.as_raw_fd() as u32,
                 mapping: OnceLock::new(),
+                freed: OnceLock::new(),
             })?,
         })
     }
