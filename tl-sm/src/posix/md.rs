@@ -37,8 +37,10 @@ pub struct PosixRkey {
     /// it: later accesses through this key only check that it is alive.
     #[serde(skip)]
     pub(crate) mapping: OnceLock<(Arc<Mapping>, View)>,
-    /// Set once an endpoint found the region freed: region ids are never
-    /// reused, so later uses fail at once instead of opening the file again.
+    /// Set once an endpoint found the region freed: a freed region never
+    /// comes back (its descriptor was closed; a later segment there has
+    /// another random id), so later uses fail at once instead of opening
+    /// the file again.
     #[serde(skip)]
     pub(crate) freed: OnceLock<()>,
 }
