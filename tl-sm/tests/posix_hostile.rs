@@ -137,9 +137,9 @@ fn memory_without_remote_rights_is_no_segment_and_has_no_rkey() {
 
 #[test]
 fn a_freed_regions_rkey_is_no_such_region_every_time() {
-    // The first use finds the region gone; the key remembers it, and later
-    // uses fail the same way, even once a new segment has the freed one's
-    // descriptor number.
+    // The first use finds the region gone, and a later use, after another
+    // segment was made and freed, fails the same way. (It does not tell the
+    // key's memo from a reopen: both refuse.)
     let (md, mut iface) = open_posix();
     let mut ep = connect_to_self(iface.as_mut()).expect("endpoint");
     let (mem, packed) = exported(md.as_ref(), 8192);
