@@ -31,7 +31,7 @@ use uct_core::{
 
 use crate::keepalive::{Death, Liveness, SendQueue, Verdict};
 use crate::port_watch::PortWatch;
-use crate::qp::{wc_opcode, wc_status, Cq, LocalPath, Qp, RemoteQp};
+use crate::qp::{wc_opcode, wc_status, Cq, LocalPath, Qp, RemoteQp, RECV_CHAIN};
 use crate::tx::{FlushNeed, Plan, Signal, TxEvent, TxOp, TxTracker, WcOpcode, WcStatus, SEQ_LIMIT};
 
 mod recv;
@@ -132,13 +132,18 @@ pub(crate) struct Connection {
     /// Active messages and immediates received, in order, for the iface
     /// to deliver; their segments are reposted after delivery.
     pub(crate) received: VecDeque<Received>,
+    /// Delivered segments not yet given back, and how many to give back in
+    /// one call.
+    repost_waiting: Vec<usize>,
+    repost_batch: usize,
     /// The device, and once connected the peer's QP and GID: what errors
     /// name.
     label: String,
     /// Probes the peer and finds it dead (UCT_RC_PEER_TIMEOUT).
     live: Liveness,
-    /// A send completion, and a message received, since the clock was last
-    /// read: `live` learns them at the next tick, not on every poll.
+    /// A send completion (or a post into an empty queue), and a message
+    /// received, since the clock was last read: `live` learns them at the
+    /// next tick, not on every poll or post.
     saw_progress: bool,
     heard: bool,
     idle_polls: u32,
@@ -194,6 +199,8 @@ impl Connection {
             recv,
             recv_lkey,
             received: VecDeque::new(),
+            repost_waiting: Vec::with_capacity(RECV_CHAIN),
+            repost_batch: (queues.rx as usize / 4).clamp(1, RECV_CHAIN),
             label: device.to_string(),
             live: Liveness::new(queues.peer_timeout, CoarseInstant::now()),
             saw_progress: false,
@@ -208,9 +215,8 @@ impl Connection {
             // integers): all zeroes is a valid value.
             wcs: (0..16).map(|_| unsafe { std::mem::zeroed() }).collect(),
         };
-        for seg in 0..queues.rx as usize {
-            conn.post_recv(seg)?;
-        }
+        let segs: Vec<usize> = (0..queues.rx as usize).collect();
+        conn.post_recvs(&segs)?;
         Ok(conn)
     }
 
@@ -334,9 +340,14 @@ impl Connection {
                 c.finish(Ok(()));
             }
             Delivery::Value(c) => {
-                let mut old = [0u8; 8];
-                let _ = self.bounce.read(at, &mut old);
-                c.set_data(CompletionData::Value(u64::from_ne_bytes(old)));
+                let old = match self.bounce.host_ptr(at, 8) {
+                    // SAFETY: `host_ptr` checked that the 8 bytes lie inside
+                    // the bounce buffer, which this connection owns; the NIC
+                    // wrote them before this completion and no longer does.
+                    Ok(p) => unsafe { (p as *const u64).read_unaligned() },
+                    Err(_) => 0,
+                };
+                c.set_data(CompletionData::Value(old));
                 c.finish(Ok(()));
             }
         }
@@ -476,6 +487,12 @@ impl Connection {
             return;
         }
         self.saw_progress = true;
+        if matches!(status, WcStatus::Success) {
+            if let Some(op) = self.tx.complete_front(wc.wr_id, wc_opcode(wc.opcode)) {
+                self.deliver(op, wc.byte_len as usize);
+                return;
+            }
+        }
         let mut events = std::mem::take(&mut self.events);
         self.tx
             .complete(wc.wr_id, &status, wc_opcode(wc.opcode), &mut events);
@@ -535,21 +552,22 @@ impl Connection {
         what: &'static str,
         force: bool,
     ) -> Result<()> {
+        let bytes = wr_bytes(wr);
         let always = force
             || data.delivery.needs_signal()
             || self.free_segs.len() < crate::tx::MODERATION as usize
-            || wr_bytes(wr) >= SIGNAL_BYTES;
+            || bytes >= SIGNAL_BYTES;
         let plan = self.tx.plan(if always {
             Signal::Always
         } else {
             Signal::Moderated
         });
-        if self.post_planned(wr, data, expect, what, plan)? {
-            // The peer timeout counts from the first op outstanding, to the
-            // moment: the queue seldom empties while it is busy, and a
-            // ping-pong that empties it every time reads the coarse clock,
-            // which is never a system call.
-            self.live.sign_of_life(CoarseInstant::now());
+        if self.post_planned(wr, (data, bytes), expect, what, plan)? {
+            // The peer timeout counts from the first op outstanding, as of
+            // the next look at the clock (`tick`, which comes before any
+            // verdict): a ping-pong that empties the queue every time reads
+            // no clock per post.
+            self.saw_progress = true;
         }
         Ok(())
     }
@@ -559,12 +577,12 @@ impl Connection {
         self.tx.plan_keepalive()
     }
 
-    /// Posts `wr` as `plan` says; returns whether it is the only operation
-    /// outstanding.
+    /// Posts `wr` (which moves `bytes`) as `plan` says; returns whether it
+    /// is the only operation outstanding.
     pub(crate) fn post_planned(
         &mut self,
         wr: &mut ibv_send_wr,
-        data: OpData,
+        (data, bytes): (OpData, u64),
         expect: WcOpcode,
         what: &'static str,
         plan: Plan,
@@ -595,7 +613,7 @@ impl Connection {
         let op = TxOp {
             expect,
             what,
-            bytes: wr_bytes(wr),
+            bytes,
             payload: data,
         };
         Ok(self.tx.post(plan, op))

@@ -33,10 +33,8 @@ pub struct RcIface {
     /// The endpoints' connections, polled by `progress`.
     conns: Vec<Weak<Mutex<Connection>>>,
     queues: Queues,
-    /// Reused lists: active messages and immediates to deliver, and the
-    /// connections of one `progress`.
+    /// Reused list of active messages and immediates to deliver.
     received: Vec<Received>,
-    scratch: Vec<Arc<Mutex<Connection>>>,
 }
 
 impl RcIface {
@@ -141,7 +139,6 @@ impl RcIface {
             conns: Vec::new(),
             queues,
             received: Vec::new(),
-            scratch: Vec::new(),
         })
     }
 }
@@ -216,16 +213,14 @@ impl Iface for RcIface {
 
     fn progress(&mut self) -> usize {
         let mut count = 0;
-        let mut conns = std::mem::take(&mut self.scratch);
-        conns.clear();
-        self.conns.retain(|weak| match weak.upgrade() {
-            Some(conn) => {
-                conns.push(conn);
-                true
-            }
-            None => false,
-        });
-        for conn in &conns {
+        let mut gone = false;
+        // By index, one upgrade each: no list is rebuilt per call (endpoints
+        // are created only through `&mut self`, so none is added meanwhile).
+        for at in 0..self.conns.len() {
+            let Some(conn) = self.conns[at].upgrade() else {
+                gone = true;
+                continue;
+            };
             let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
             count += guard.progress();
             if guard.received.is_empty() {
@@ -263,8 +258,9 @@ impl Iface for RcIface {
                 guard.repost(got.seg());
             }
         }
-        conns.clear();
-        self.scratch = conns;
+        if gone {
+            self.conns.retain(|w| w.strong_count() > 0);
+        }
         count
     }
 }

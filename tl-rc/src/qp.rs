@@ -363,38 +363,49 @@ impl Qp {
         Ok(())
     }
 
-    /// Posts one receive buffer.
+    /// Posts receive buffers of `len` bytes, each `(wr_id, addr)` of
+    /// `bufs`, as one chained list: at most [`RECV_CHAIN`] at a time.
     ///
     /// # Safety
-    /// `addr..addr+len` must be registered with `lkey` and stay valid, and
-    /// untouched by the CPU, until the receive completes.
-    pub unsafe fn post_recv(
+    /// Each `addr..addr+len` must be registered with `lkey` and stay valid,
+    /// and untouched by the CPU, until its receive completes.
+    pub unsafe fn post_recvs(
         &self,
-        wr_id: u64,
-        addr: u64,
+        bufs: &[(u64, u64)],
         len: u32,
         lkey: u32,
     ) -> Result<(), VerbsError> {
-        let mut sge = ibv_sge {
-            addr,
-            length: len,
-            lkey,
-        };
-        let mut wr = ibv_recv_wr {
-            wr_id,
-            next: std::ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: 1,
-        };
-        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: `ptr` is valid for `&self` (see `qpn`); the WR and SGE
-        // live for the call, and the caller keeps the buffer valid until
-        // the completion.
-        let r = unsafe { ibv_post_recv(self.as_ptr(), &mut wr, &mut bad) };
-        if r != 0 {
-            return Err(
-                VerbsError::new(format!("ibv_post_recv on QP {}", self.qpn()), r).on(&self.device),
-            );
+        for chunk in bufs.chunks(RECV_CHAIN) {
+            let mut sges = [ibv_sge {
+                addr: 0,
+                length: len,
+                lkey,
+            }; RECV_CHAIN];
+            // SAFETY: ibv_recv_wr is plain C data (integers and pointers
+            // that may be null): all zeroes is valid, filled in below.
+            let mut wrs: [ibv_recv_wr; RECV_CHAIN] = unsafe { std::mem::zeroed() };
+            let n = chunk.len();
+            for (i, &(wr_id, addr)) in chunk.iter().enumerate() {
+                sges[i].addr = addr;
+                wrs[i].wr_id = wr_id;
+                wrs[i].sg_list = &mut sges[i];
+                wrs[i].num_sge = 1;
+            }
+            for i in 1..n {
+                let next: *mut ibv_recv_wr = &mut wrs[i];
+                wrs[i - 1].next = next;
+            }
+            let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+            // SAFETY: `ptr` is valid for `&self` (see `qpn`); the first `n`
+            // WRs form a null-terminated list whose SGEs live for the call,
+            // and the caller keeps the buffers valid until the completions.
+            let r = unsafe { ibv_post_recv(self.as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+            if r != 0 {
+                return Err(
+                    VerbsError::new(format!("ibv_post_recv on QP {}", self.qpn()), r)
+                        .on(&self.device),
+                );
+            }
         }
         Ok(())
     }
@@ -414,6 +425,9 @@ impl Drop for Qp {
         }
     }
 }
+
+/// Most receive work requests posted in one ibv_post_recv call.
+pub const RECV_CHAIN: usize = 16;
 
 /// An all-zero QP attribute to fill in.
 fn zeroed_attr() -> ibv_qp_attr {

@@ -342,8 +342,32 @@ impl<T, F> TxTracker<T, F> {
         }
         if self.ops.is_empty() {
             self.tail_signalled = true;
-            events.extend(self.flushes.drain(..).map(TxEvent::Flushed));
+            if !self.flushes.is_empty() {
+                events.extend(self.flushes.drain(..).map(TxEvent::Flushed));
+            }
         }
+    }
+
+    /// The common completion, on its own path: the successful completion,
+    /// with the opcode expected, of the operation at the front of the
+    /// queue, no flush waiting on it. Returns its payload (the completion is
+    /// its own), or None, having changed nothing, when any of that does not
+    /// hold: then [`complete`](Self::complete) handles it.
+    pub fn complete_front(&mut self, wr_id: u64, opcode: WcOpcode) -> Option<T> {
+        let front = self.ops.front()?;
+        if front.seq != wr_id
+            || front.op.expect != opcode
+            || self.failure.is_some()
+            || (self.ops.len() == 1 && !self.flushes.is_empty())
+        {
+            return None;
+        }
+        let posted = self.ops.pop_front()?;
+        self.credits += 1;
+        if self.ops.is_empty() {
+            self.tail_signalled = true;
+        }
+        Some(posted.op.payload)
     }
 
     /// After a failure: the operations up to `wr_id` (if it is outstanding)

@@ -19,7 +19,7 @@ use rdma_sys::*;
 use uct_core::{ImmEvent, MemHandle, Result, UctError};
 
 use super::{Connection, RECV_BIT, SEG};
-use crate::qp::wc_opcode;
+use crate::qp::{wc_opcode, RECV_CHAIN};
 use crate::tx::WcStatus;
 use crate::wire::Immediate;
 
@@ -44,17 +44,23 @@ impl Received {
 }
 
 impl Connection {
-    /// Hands receive segment `seg` to the NIC.
-    pub(super) fn post_recv(&mut self, seg: usize) -> Result<()> {
-        let addr = self.recv.addr() + (seg * SEG) as u64;
-        // SAFETY: the segment lies inside `recv`, registered with
-        // `recv_lkey` and owned by this connection (which outlives the QP's
-        // work); the CPU reads it only after its completion, until it is
-        // posted again.
-        unsafe {
-            self.qp()?
-                .post_recv(RECV_BIT | seg as u64, addr, SEG as u32, self.recv_lkey)
-        }?;
+    /// Hands receive segments `segs` to the NIC.
+    pub(super) fn post_recvs(&mut self, segs: &[usize]) -> Result<()> {
+        let base = self.recv.addr();
+        let mut bufs = [(0u64, 0u64); RECV_CHAIN];
+        for chunk in segs.chunks(RECV_CHAIN) {
+            for (buf, &seg) in bufs.iter_mut().zip(chunk) {
+                *buf = (RECV_BIT | seg as u64, base + (seg * SEG) as u64);
+            }
+            // SAFETY: each segment lies inside `recv`, registered with
+            // `recv_lkey` and owned by this connection (which outlives the
+            // QP's work); the CPU reads it only after its completion, until
+            // it is posted again.
+            unsafe {
+                self.qp()?
+                    .post_recvs(&bufs[..chunk.len()], SEG as u32, self.recv_lkey)
+            }?;
+        }
         Ok(())
     }
 
@@ -118,12 +124,22 @@ impl Connection {
     }
 
     /// Gives receive segment `seg` back to the NIC after what it received
-    /// was delivered.
+    /// was delivered: in batches of `repost_batch`, one verbs call each
+    /// (at most a quarter of the queue waits, so the peer never runs short
+    /// on its account).
     pub(crate) fn repost(&mut self, seg: usize) {
         if self.tx.failure().is_some() {
             return;
         }
-        if let Err(e) = self.post_recv(seg) {
+        self.repost_waiting.push(seg);
+        if self.repost_waiting.len() < self.repost_batch {
+            return;
+        }
+        let segs = std::mem::take(&mut self.repost_waiting);
+        let posted = self.post_recvs(&segs);
+        self.repost_waiting = segs;
+        self.repost_waiting.clear();
+        if let Err(e) = posted {
             self.fail(e);
         }
     }
