@@ -17,7 +17,6 @@
 //! destroys the QP, then cancels the rest. If the QP cannot be destroyed,
 //! the memory its requests point at is leaked, never freed.
 
-use std::collections::VecDeque;
 use std::net::Ipv6Addr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -131,7 +130,7 @@ pub(crate) struct Connection {
     recv_lkey: u32,
     /// Active messages and immediates received, in order, for the iface
     /// to deliver; their segments are reposted after delivery.
-    pub(crate) received: VecDeque<Received>,
+    pub(crate) received: Vec<Received>,
     /// Delivered segments not yet given back, and how many to give back in
     /// one call.
     repost_waiting: Vec<usize>,
@@ -198,7 +197,7 @@ impl Connection {
             free_segs: (0..queues.tx as usize).rev().collect(),
             recv,
             recv_lkey,
-            received: VecDeque::new(),
+            received: Vec::new(),
             repost_waiting: Vec::with_capacity(RECV_CHAIN),
             repost_batch: (queues.rx as usize / 4).clamp(1, RECV_CHAIN),
             label: device.to_string(),

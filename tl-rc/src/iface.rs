@@ -226,8 +226,9 @@ impl Iface for RcIface {
             if guard.received.is_empty() {
                 continue;
             }
+            // Swapped, not copied: the connection keeps the emptied list.
             self.received.clear();
-            self.received.extend(guard.received.drain(..));
+            std::mem::swap(&mut self.received, &mut guard.received);
             let recv = guard.recv_buffer().clone();
             // Handlers run outside the connection's lock (they may send),
             // in the order the receives completed.

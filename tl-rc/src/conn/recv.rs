@@ -104,7 +104,7 @@ impl Connection {
                 imm,
                 len: wc.byte_len as usize,
             };
-            self.received.push_back(Received::Imm { seg, event });
+            self.received.push(Received::Imm { seg, event });
             return;
         }
         match Immediate::decode(imm) {
@@ -112,7 +112,7 @@ impl Connection {
             // Delivered in place by the iface, then reposted.
             Ok(Immediate::ActiveMessage(id)) => {
                 let len = (wc.byte_len as usize).min(SEG);
-                self.received.push_back(Received::Am { id, seg, len });
+                self.received.push(Received::Am { id, seg, len });
             }
             Err(e) => self.fail(UctError::Protocol(format!("rc {}: {e}", self.label))),
         }
