@@ -377,6 +377,10 @@ impl Connection {
                 self.on_completion(wc);
             }
             total += n;
+            if n == 0 {
+                // Idle: what waits for a batch goes back now.
+                self.repost_now();
+            }
             if n < wcs.len() {
                 self.idle_polls = self.idle_polls.wrapping_add(1);
                 if self.idle_polls.is_multiple_of(IDLE_POLLS_EVERY) {
@@ -561,7 +565,7 @@ impl Connection {
         } else {
             Signal::Moderated
         });
-        if self.post_planned(wr, (data, bytes), expect, what, plan)? {
+        if self.post_planned(wr, data, bytes, expect, what, plan)? {
             // The peer timeout counts from the first op outstanding, as of
             // the next look at the clock (`tick`, which comes before any
             // verdict): a ping-pong that empties the queue every time reads
@@ -581,7 +585,8 @@ impl Connection {
     pub(crate) fn post_planned(
         &mut self,
         wr: &mut ibv_send_wr,
-        (data, bytes): (OpData, u64),
+        data: OpData,
+        bytes: u64,
         expect: WcOpcode,
         what: &'static str,
         plan: Plan,

@@ -27,7 +27,8 @@
 //!
 //! Either way a peer that dies, or stops taking what we send, is found
 //! within the peer timeout (plus that extension) of our send queue's last
-//! progress, give or take how often the endpoint looks at the clock and
+//! progress, give or take how often the endpoint looks at the clock (once
+//! to learn of that progress, once for the verdict) and
 //! its resolution (the coarse clock's tick, 1 to 10 ms by the kernel's HZ,
 //! more in an emulated guest that takes its ticks late: at the smallest
 //! peer timeout, 100 ms, where a keepalive has 50 ms to be answered, a
@@ -91,8 +92,8 @@ pub enum Death {
 #[derive(Debug)]
 pub struct Liveness {
     peer_timeout: Duration,
-    /// The last send completion, or the first post after a quiet spell:
-    /// the deadlines count from it.
+    /// The last send completion, or the first post after a quiet spell, as
+    /// of the first clock read after it: the deadlines count from it.
     last_sign: CoarseInstant,
     /// The last message received: it only delays the keepalive of an idle
     /// endpoint.
@@ -124,7 +125,8 @@ impl Liveness {
     }
 
     /// A send completion came (the peer's NIC took what we sent), or the
-    /// first post after nothing was outstanding: the clock starts again.
+    /// first post after nothing was outstanding, by `now` (the clock read
+    /// that learnt of it, which may be later): the clock starts again.
     pub fn sign_of_life(&mut self, now: CoarseInstant) {
         self.last_sign = now;
     }

@@ -380,7 +380,7 @@ impl Connection {
             keep: Vec::new(),
         };
         let plan = self.keepalive_plan();
-        self.post_planned(&mut wr, (data, 0), WcOpcode::RdmaWrite, "a keepalive", plan)?;
+        self.post_planned(&mut wr, data, 0, WcOpcode::RdmaWrite, "a keepalive", plan)?;
         Ok(())
     }
 }

@@ -364,7 +364,9 @@ impl Qp {
     }
 
     /// Posts receive buffers of `len` bytes, each `(wr_id, addr)` of
-    /// `bufs`, as one chained list: at most [`RECV_CHAIN`] at a time.
+    /// `bufs`, as chained lists of at most [`RECV_CHAIN`]. On error the
+    /// buffers before the one refused may be posted: the caller fails the
+    /// QP, whose flushed completions then return them.
     ///
     /// # Safety
     /// Each `addr..addr+len` must be registered with `lkey` and stay valid,
@@ -375,7 +377,7 @@ impl Qp {
         len: u32,
         lkey: u32,
     ) -> Result<(), VerbsError> {
-        for chunk in bufs.chunks(RECV_CHAIN) {
+        for (k, chunk) in bufs.chunks(RECV_CHAIN).enumerate() {
             let mut sges = [ibv_sge {
                 addr: 0,
                 length: len,
@@ -384,27 +386,45 @@ impl Qp {
             // SAFETY: ibv_recv_wr is plain C data (integers and pointers
             // that may be null): all zeroes is valid, filled in below.
             let mut wrs: [ibv_recv_wr; RECV_CHAIN] = unsafe { std::mem::zeroed() };
-            let n = chunk.len();
+            // Written through these pointers only, so that the links
+            // between entries stay valid.
+            let (w, g) = (wrs.as_mut_ptr(), sges.as_mut_ptr());
             for (i, &(wr_id, addr)) in chunk.iter().enumerate() {
-                sges[i].addr = addr;
-                wrs[i].wr_id = wr_id;
-                wrs[i].sg_list = &mut sges[i];
-                wrs[i].num_sge = 1;
-            }
-            for i in 1..n {
-                let next: *mut ibv_recv_wr = &mut wrs[i];
-                wrs[i - 1].next = next;
+                // SAFETY: i < chunk.len() <= RECV_CHAIN, inside both arrays,
+                // which outlive the call below.
+                unsafe {
+                    (*g.add(i)).addr = addr;
+                    (*w.add(i)).wr_id = wr_id;
+                    (*w.add(i)).sg_list = g.add(i);
+                    (*w.add(i)).num_sge = 1;
+                    if i > 0 {
+                        (*w.add(i - 1)).next = w.add(i);
+                    }
+                }
             }
             let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-            // SAFETY: `ptr` is valid for `&self` (see `qpn`); the first `n`
-            // WRs form a null-terminated list whose SGEs live for the call,
-            // and the caller keeps the buffers valid until the completions.
-            let r = unsafe { ibv_post_recv(self.as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+            // SAFETY: `ptr` is valid for `&self` (see `qpn`); the first
+            // `chunk.len()` WRs form a list ended by a null `next` (zeroed),
+            // whose SGEs live for the call; the caller keeps the buffers
+            // valid until the completions.
+            let r = unsafe { ibv_post_recv(self.as_ptr(), w, &mut bad) };
             if r != 0 {
-                return Err(
-                    VerbsError::new(format!("ibv_post_recv on QP {}", self.qpn()), r)
-                        .on(&self.device),
-                );
+                let refused = if bad.is_null() {
+                    0
+                } else {
+                    // SAFETY: verbs sets `bad` to one of the WRs passed.
+                    unsafe { bad.offset_from(w) }.max(0) as usize
+                };
+                return Err(VerbsError::new(
+                    format!(
+                        "ibv_post_recv on QP {} (receive {} of {})",
+                        self.qpn(),
+                        k * RECV_CHAIN + refused + 1,
+                        bufs.len()
+                    ),
+                    r,
+                )
+                .on(&self.device));
             }
         }
         Ok(())

@@ -14,6 +14,11 @@
 //! reposted only after its message or immediate was delivered, so that a
 //! peer writing faster than we progress meets that back-pressure rather
 //! than a queue of events here that grows without bound.
+//!
+//! Delivered segments go back in one chained ibv_post_recv: once a batch
+//! (a quarter of the queue, at most 16) has gathered, or when a poll finds
+//! the completion queue empty, so that none is held while the connection
+//! is idle and a ping-pong reposts while it waits for the reply.
 
 use rdma_sys::*;
 use uct_core::{ImmEvent, MemHandle, Result, UctError};
@@ -124,15 +129,20 @@ impl Connection {
     }
 
     /// Gives receive segment `seg` back to the NIC after what it received
-    /// was delivered: in batches of `repost_batch`, one verbs call each
-    /// (at most a quarter of the queue waits, so the peer never runs short
-    /// on its account).
+    /// was delivered: with the others of its batch (module doc).
     pub(crate) fn repost(&mut self, seg: usize) {
         if self.tx.failure().is_some() {
             return;
         }
         self.repost_waiting.push(seg);
-        if self.repost_waiting.len() < self.repost_batch {
+        if self.repost_waiting.len() >= self.repost_batch {
+            self.repost_now();
+        }
+    }
+
+    /// Gives back every delivered segment still waiting for its batch.
+    pub(super) fn repost_now(&mut self) {
+        if self.repost_waiting.is_empty() || self.tx.failure().is_some() {
             return;
         }
         let segs = std::mem::take(&mut self.repost_waiting);

@@ -490,23 +490,31 @@ fn bytes_ahead_count_up_to_the_first_signalled_post() {
 }
 
 /// The fast path changes the tracker exactly as `complete` would, or not
-/// at all: two trackers fed the same posts and completions, one through
-/// `complete_front` first, agree after every step.
+/// at all: two trackers fed the same posts, flushes, failures and
+/// completions (of the front, past it, stray, old, failed, with the wrong
+/// opcode), one through `complete_front` first, agree after every step,
+/// across the id wraparound too.
 #[test]
 fn complete_front_agrees_with_complete() {
-    let mut fast = Tracker::new("rxe0", 64);
-    let mut slow = Tracker::new("rxe0", 64);
+    for first in [1, SEQ_LIMIT - 20] {
+        fast_path_against_slow_path(first);
+    }
+}
+
+fn fast_path_against_slow_path(first: u64) {
+    let fresh = || Tracker::starting_at("rxe0", 64, first);
+    let (mut fast, mut slow) = (fresh(), fresh());
     let mut seed = 0x9e37_79b9_u32;
-    let mut next = || {
+    let mut next = move || {
         seed ^= seed << 13;
         seed ^= seed >> 17;
         seed ^= seed << 5;
         seed
     };
-    let mut taken_fast = 0;
-    for step in 0..2_000u32 {
-        let roll = next() % 8;
-        if roll < 4 && fast.ready() == Ok(true) {
+    let (mut taken_fast, mut after_failure, mut old_front) = (0, 0, first);
+    for step in 0..4_000u32 {
+        let roll = next() % 16;
+        if roll < 7 && fast.ready() == Ok(true) {
             let signal = if roll == 0 {
                 Signal::Always
             } else {
@@ -516,20 +524,45 @@ fn complete_front_agrees_with_complete() {
             assert_eq!(a, b);
             fast.post(a, op(step));
             slow.post(b, op(step));
-        } else if roll == 4 && fast.outstanding() > 0 {
+        } else if roll == 7 && fast.outstanding() > 0 {
             fast.add_flush("flush");
             slow.add_flush("flush");
-        } else if fast.outstanding() > 0 {
-            let front = fast.ops.front().expect("outstanding").seq;
-            let ahead = (next() as u64) % (fast.outstanding() as u64).min(3);
-            let wr_id = (front + ahead) % SEQ_LIMIT;
+        } else if roll == 8 && next() % 8 == 0 {
+            let error = UctError::EndpointFailed("peer gone".into());
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            fast.fail(error.clone(), &mut a);
+            slow.fail(error, &mut b);
+            assert_eq!(format!("{a:?}"), format!("{b:?}"), "step {step}");
+        } else if let Some(front) = fast.ops.front().map(|p| p.seq) {
+            old_front = old_front.min(front);
+            let wr_id = match next() % 10 {
+                0 => (front + fast.outstanding() as u64 + u64::from(next() % 3)) % SEQ_LIMIT,
+                1 => old_front.wrapping_sub(1) % SEQ_LIMIT,
+                2 => SEQ_LIMIT + u64::from(next() % 4),
+                _ => (front + u64::from(next()) % (fast.outstanding() as u64).min(3)) % SEQ_LIMIT,
+            };
             let opcode = if next() % 50 == 0 {
                 WcOpcode::Send
             } else {
                 WcOpcode::RdmaWrite
             };
+            let status = if next() % 100 == 0 {
+                WcStatus::Failed {
+                    name: "retry exceeded".into(),
+                    code: 12,
+                    vendor_err: 0,
+                }
+            } else {
+                WcStatus::Success
+            };
+            if fast.failure().is_some() {
+                after_failure += 1;
+            }
             let mut a = Vec::new();
-            match fast.complete_front(wr_id, opcode) {
+            let took = (status == WcStatus::Success)
+                .then(|| fast.complete_front(wr_id, opcode))
+                .flatten();
+            match took {
                 Some(payload) => {
                     taken_fast += 1;
                     a.push(TxEvent::Done {
@@ -537,10 +570,10 @@ fn complete_front_agrees_with_complete() {
                         named: true,
                     });
                 }
-                None => fast.complete(wr_id, &WcStatus::Success, opcode, &mut a),
+                None => fast.complete(wr_id, &status, opcode, &mut a),
             }
             let mut b = Vec::new();
-            slow.complete(wr_id, &WcStatus::Success, opcode, &mut b);
+            slow.complete(wr_id, &status, opcode, &mut b);
             assert_eq!(format!("{a:?}"), format!("{b:?}"), "step {step}");
         }
         assert_eq!(fast.credits(), slow.credits(), "step {step}");
@@ -548,17 +581,20 @@ fn complete_front_agrees_with_complete() {
         assert_eq!(fast.tail_signalled(), slow.tail_signalled(), "step {step}");
         assert_eq!(fast.flush(), slow.flush(), "step {step}");
         assert_eq!(fast.failure(), slow.failure(), "step {step}");
-        if fast.failure().is_some() {
+        if fast.failure().is_some() && (fast.outstanding() == 0 || next() % 64 == 0) {
             let (mut a, mut b) = (Vec::new(), Vec::new());
             fast.give_up(&mut a);
             slow.give_up(&mut b);
             assert_eq!(format!("{a:?}"), format!("{b:?}"), "step {step}");
-            fast = Tracker::new("rxe0", 64);
-            slow = Tracker::new("rxe0", 64);
+            (fast, slow, old_front) = (fresh(), fresh(), first);
         }
     }
     assert!(
         taken_fast > 100,
         "the fast path was taken {taken_fast} times"
+    );
+    assert!(
+        after_failure > 20,
+        "{after_failure} completions after a failure"
     );
 }
