@@ -255,7 +255,10 @@ fn notifications_without_the_receivers_token_are_dropped() {
 
 /// In a batch, a write the peer refuses does not silence the notification
 /// of a good write after it (tcp flushes each write of a batch), and the
-/// batch ends with the refusal.
+/// batch ends with the refusal. On posix the freed region's descriptor
+/// number may already name another file of the owner (a progress thread's
+/// eventfd): then the refusal says the descriptor is no segment, and that
+/// the region may have been freed.
 #[test]
 fn a_refused_write_in_a_batch_leaves_the_next_notification() {
     for tl in TRANSPORTS {
@@ -278,13 +281,14 @@ fn a_refused_write_in_a_batch_leaves_the_next_notification() {
             },
         ];
         let e = within("the batch", &[], a.write_batch(&batch));
+        let reused = |m: &str| m.contains("is not a sealed uct segment") && m.contains("freed");
         assert!(
             matches!(
-                e,
+                &e,
                 Err(TransferError::Uct(
                     uct_core::UctError::NoSuchRegion { .. } | uct_core::UctError::BadSecret
                 ))
-            ),
+            ) || matches!(&e, Err(TransferError::Uct(uct_core::UctError::BadRkey(m))) if tl == "posix" && reused(m)),
             "{tl}: {e:?}"
         );
         let n = within("the good write's notification", &[], b.wait_for_write()).unwrap();

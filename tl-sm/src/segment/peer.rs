@@ -216,7 +216,8 @@ impl PeerFile {
     /// The error for a file that is no segment of ours.
     pub(super) fn not_a_segment(&self, why: String) -> UctError {
         UctError::BadRkey(format!(
-            "{} is not a sealed uct segment: {why}; its owner is broken or hostile",
+            "{} is not a sealed uct segment: {why}; the region was freed and its descriptor \
+             number reused (ask the peer for a fresh rkey), or its owner is broken or hostile",
             self.path
         ))
     }
