@@ -17,6 +17,7 @@
 //! destroys the QP, then cancels the rest. If the QP cannot be destroyed,
 //! the memory its requests point at is leaked, never freed.
 
+use std::mem::MaybeUninit;
 use std::net::Ipv6Addr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,6 +58,8 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 /// poll.
 const CHECK_EVERY: u32 = 16;
 const IDLE_POLLS_EVERY: u32 = 256;
+/// Completions taken from the CQ in one poll.
+const POLL_BATCH: usize = 16;
 
 /// What the user learns when an operation completes.
 pub(crate) enum Delivery {
@@ -124,9 +127,16 @@ pub(crate) struct Connection {
     /// Reused event list.
     events: Events,
     bounce: MemHandle,
+    /// The bounce buffer's host address and length, checked once here:
+    /// a fetched value is read from it without a lookup per atomic.
+    bounce_host: usize,
+    bounce_len: usize,
     pub(crate) bounce_lkey: u32,
     free_segs: Vec<usize>,
     recv: MemHandle,
+    /// `recv`'s host address and length, checked once here.
+    recv_host: usize,
+    recv_len: usize,
     recv_lkey: u32,
     /// Active messages and immediates received, in order, for the iface
     /// to deliver; their segments are reposted after delivery.
@@ -155,8 +165,6 @@ pub(crate) struct Connection {
     watch: Arc<PortWatch>,
     port: u8,
     port_generation: u64,
-    /// Reused completion array.
-    wcs: Vec<ibv_wc>,
 }
 
 /// Queue lengths and the peer timeout of a new connection.
@@ -182,6 +190,10 @@ impl Connection {
         let bounce = md.alloc(queues.tx as usize * SEG, MemoryType::Host, local)?;
         let recv = md.alloc(queues.rx as usize * SEG, MemoryType::Host, local)?;
         let (bounce_lkey, recv_lkey) = (md.lkey_of(&bounce)?, md.lkey_of(&recv)?);
+        let bounce_len = bounce.len();
+        let bounce_host = bounce.host_ptr(0, bounce_len)? as usize;
+        let recv_len = recv.len();
+        let recv_host = recv.host_ptr(0, recv_len)? as usize;
         let mut conn = Connection {
             qpn: qp.qpn(),
             max_inline: qp.max_inline,
@@ -193,9 +205,13 @@ impl Connection {
             tx: TxTracker::new(device, queues.tx),
             events: Vec::new(),
             bounce,
+            bounce_host,
+            bounce_len,
             bounce_lkey,
             free_segs: (0..queues.tx as usize).rev().collect(),
             recv,
+            recv_host,
+            recv_len,
             recv_lkey,
             received: Vec::new(),
             repost_waiting: Vec::with_capacity(RECV_CHAIN),
@@ -210,9 +226,6 @@ impl Connection {
             port_generation: watch.generation(port),
             watch: watch.clone(),
             port,
-            // SAFETY: ibv_wc is plain C data (integers and a union of
-            // integers): all zeroes is a valid value.
-            wcs: (0..16).map(|_| unsafe { std::mem::zeroed() }).collect(),
         };
         let segs: Vec<usize> = (0..queues.rx as usize).collect();
         conn.post_recvs(&segs)?;
@@ -339,12 +352,15 @@ impl Connection {
                 c.finish(Ok(()));
             }
             Delivery::Value(c) => {
-                let old = match self.bounce.host_ptr(at, 8) {
-                    // SAFETY: `host_ptr` checked that the 8 bytes lie inside
-                    // the bounce buffer, which this connection owns; the NIC
-                    // wrote them before this completion and no longer does.
-                    Ok(p) => unsafe { (p as *const u64).read_unaligned() },
-                    Err(_) => 0,
+                let old = if at + 8 <= self.bounce_len {
+                    // SAFETY: [at, at + 8) lies inside the bounce buffer
+                    // (checked just above against the length `host_ptr`
+                    // approved in `new`), which this connection owns and
+                    // keeps mapped; the NIC wrote the 8 bytes before this
+                    // completion and no longer does.
+                    unsafe { ((self.bounce_host + at) as *const u64).read_unaligned() }
+                } else {
+                    0
                 };
                 c.set_data(CompletionData::Value(old));
                 c.finish(Ok(()));
@@ -357,23 +373,20 @@ impl Connection {
 
     /// Polls the completion queue; returns how many completions it handled.
     pub(crate) fn progress(&mut self) -> usize {
-        let mut wcs = std::mem::take(&mut self.wcs);
-        let n = self.poll_into(&mut wcs);
-        self.wcs = wcs;
-        n
-    }
-
-    fn poll_into(&mut self, wcs: &mut [ibv_wc]) -> usize {
+        // On the stack and left uninitialised: the CQ writes the entries it
+        // returns, and nothing is moved in and out of `self` per call.
+        let mut wcs = [const { MaybeUninit::<ibv_wc>::uninit() }; POLL_BATCH];
         let mut total = 0;
         loop {
-            let n = match self.cq.poll(wcs) {
-                Ok(n) => n,
+            let got = match self.cq.poll(&mut wcs) {
+                Ok(got) => got,
                 Err(e) => {
                     self.fail(e.on(&self.label).into());
                     return total + 1;
                 }
             };
-            for wc in &wcs[..n] {
+            let n = got.len();
+            for wc in got {
                 self.on_completion(wc);
             }
             total += n;
@@ -381,7 +394,7 @@ impl Connection {
                 // Idle: what waits for a batch goes back now.
                 self.repost_now();
             }
-            if n < wcs.len() {
+            if n < POLL_BATCH {
                 self.idle_polls = self.idle_polls.wrapping_add(1);
                 if self.idle_polls.is_multiple_of(IDLE_POLLS_EVERY) {
                     self.tick(CoarseInstant::now());
@@ -491,8 +504,18 @@ impl Connection {
         }
         self.saw_progress = true;
         if matches!(status, WcStatus::Success) {
-            if let Some(op) = self.tx.complete_front(wc.wr_id, wc_opcode(wc.opcode)) {
-                self.deliver(op, wc.byte_len as usize);
+            if let Some(count) = self.tx.complete_run(wc.wr_id, wc_opcode(wc.opcode)) {
+                // The unsignalled operations before the one named, then it.
+                for index in 1..=count {
+                    if let Some(op) = self.tx.pop_completed() {
+                        let len = if index == count {
+                            wc.byte_len as usize
+                        } else {
+                            0
+                        };
+                        self.deliver(op, len);
+                    }
+                }
                 return;
             }
         }

@@ -229,21 +229,32 @@ impl Iface for RcIface {
             // Swapped, not copied: the connection keeps the emptied list.
             self.received.clear();
             std::mem::swap(&mut self.received, &mut guard.received);
-            let recv = guard.recv_buffer().clone();
+            let (recv_host, recv_len) = guard.recv_window();
             // Handlers run outside the connection's lock (they may send),
             // in the order the receives completed.
             drop(guard);
             for got in &self.received {
                 match *got {
                     Received::Am { id, seg, len } => {
-                        let data = match recv.host_ptr(seg * SEG, len) {
-                            // SAFETY: `host_ptr` checked that [seg * SEG,
-                            // +len) is inside `recv`, which this clone keeps
-                            // alive; the NIC does not write the segment
-                            // until it is reposted below, after the handler
-                            // returned.
-                            Ok(p) => unsafe { std::slice::from_raw_parts(p as *const u8, len) },
-                            Err(_) => &[],
+                        let inside = seg
+                            .checked_mul(SEG)
+                            .and_then(|at| at.checked_add(len))
+                            .is_some_and(|end| end <= recv_len);
+                        let data = if inside {
+                            // SAFETY: [seg * SEG, +len) lies inside the
+                            // receive buffers (checked just above), which
+                            // `conn` keeps alive (a connection never
+                            // replaces them); the NIC does not write the
+                            // segment until it is reposted below, after the
+                            // handler returned.
+                            unsafe {
+                                std::slice::from_raw_parts(
+                                    (recv_host + seg * SEG) as *const u8,
+                                    len,
+                                )
+                            }
+                        } else {
+                            &[]
                         };
                         self.handlers.deliver(id, data);
                     }

@@ -2,6 +2,7 @@
 //! transitions; a failed transition is a [`VerbsError`] that names it.
 
 use std::ffi::CStr;
+use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -64,16 +65,20 @@ impl Cq {
         self.ptr.as_ptr()
     }
 
-    /// Polls up to `wcs.len()` completions.
-    pub fn poll(&self, wcs: &mut [ibv_wc]) -> Result<usize, VerbsError> {
+    /// Polls up to `wcs.len()` completions; returns those written.
+    pub fn poll<'w>(&self, wcs: &'w mut [MaybeUninit<ibv_wc>]) -> Result<&'w [ibv_wc], VerbsError> {
+        let room = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
         // SAFETY: `ptr` is the CQ made in `new`, destroyed only in Drop, so
-        // valid for `&self`; `wcs` has room for the `wcs.len()` entries the
-        // call may write.
-        let n = unsafe { ibv_poll_cq(self.as_ptr(), wcs.len() as i32, wcs.as_mut_ptr()) };
+        // valid for `&self`; `wcs` has room for the `room` entries the call
+        // may write (MaybeUninit<ibv_wc> has ibv_wc's layout).
+        let n = unsafe { ibv_poll_cq(self.as_ptr(), room, wcs.as_mut_ptr().cast()) };
         if n < 0 {
             return Err(VerbsError::new("ibv_poll_cq", -n));
         }
-        Ok(n as usize)
+        let n = (n as usize).min(wcs.len());
+        // SAFETY: ibv_poll_cq wrote the first `n` entries (never more than
+        // `room`), so they are initialised ibv_wc values.
+        Ok(unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<ibv_wc>(), n) })
     }
 }
 

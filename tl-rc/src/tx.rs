@@ -349,19 +349,29 @@ impl<T, F> TxTracker<T, F> {
     }
 
     /// The common completion, on its own path: the successful completion,
-    /// with the opcode expected, of the operation at the front of the
-    /// queue, no flush waiting on it. Returns its payload (the completion is
-    /// its own), or None, having changed nothing, when any of that does not
-    /// hold: then [`complete`](Self::complete) handles it.
-    pub fn complete_front(&mut self, wr_id: u64, opcode: WcOpcode) -> Option<T> {
-        let front = self.ops.front()?;
-        if front.seq != wr_id
-            || front.op.expect != opcode
-            || self.failure.is_some()
-            || (self.ops.len() == 1 && !self.flushes.is_empty())
+    /// with the opcode expected, of an operation outstanding, no flush
+    /// waiting on the last of the operations it completes. Returns how many
+    /// operations it completes (the front one through `wr_id`; take each
+    /// with [`pop_completed`](Self::pop_completed), the last is the one the
+    /// completion names), or None, having changed nothing, when any of that
+    /// does not hold: then [`complete`](Self::complete) handles it. Nothing
+    /// goes through an event list.
+    pub fn complete_run(&mut self, wr_id: u64, opcode: WcOpcode) -> Option<usize> {
+        if self.failure.is_some() {
+            return None;
+        }
+        let last = self.position(wr_id)?;
+        if self.ops[last].op.expect != opcode
+            || (self.ops.len() == last + 1 && !self.flushes.is_empty())
         {
             return None;
         }
+        Some(last + 1)
+    }
+
+    /// Takes the front operation of a run [`complete_run`](Self::complete_run)
+    /// counted: done, its credit back.
+    pub fn pop_completed(&mut self) -> Option<T> {
         let posted = self.ops.pop_front()?;
         self.credits += 1;
         if self.ops.is_empty() {

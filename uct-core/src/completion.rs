@@ -2,7 +2,7 @@
 //! [`Completion`] fires later from `progress`), or refused with NoResource
 //! (back-pressure: progress, then post again).
 
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::UctError;
@@ -32,25 +32,38 @@ pub enum CompletionData {
 
 type Callback = Box<dyn FnOnce(&Result<(), UctError>) + Send>;
 
+/// What only the uncommon paths touch: an error, bytes read, a callback.
 struct State {
-    finished: usize,
     error: Option<UctError>,
     data: Option<CompletionData>,
     callback: Option<Callback>,
 }
 
+/// The common path (start, finish with success, poll, a fetched value)
+/// takes no lock: each lock round trip was measured on rc's small
+/// operations, where a completion is started and finished once per
+/// operation.
 struct Shared {
-    /// Operations pending, outside the lock: a bandwidth loop reads it
-    /// once per operation (a lock there cost a fifth of an 8 B get).
-    /// Changed only under the lock, so that `finish` sees its own result.
-    pending: AtomicUsize,
+    /// Operations pending (the low 32 bits) and finished (the high 32,
+    /// modulo 2^32), in one word: a finish is one atomic update. A caller
+    /// that reads no pending (Acquire) sees what the finished operations
+    /// stored before they finished (Release).
+    counts: AtomicU64,
+    /// Set, after the error is stored, once any operation failed: `result`
+    /// locks only then.
+    failed: AtomicBool,
+    /// Whether a callback was given; fixed at creation, so that `finish`
+    /// locks for it only when there is one.
+    has_callback: bool,
     /// What the data is: [`NO_DATA`], [`VALUE`] (in `value`, outside the
-    /// lock: a fetching atomic's result costs two lock round trips
-    /// otherwise) or [`BYTES`] (in the state).
+    /// lock) or [`BYTES`] (in the state).
     kind: AtomicU8,
     value: AtomicU64,
     state: Mutex<State>,
 }
+
+/// The pending half of `Shared::counts`.
+const PENDING: u64 = u32::MAX as u64;
 
 const NO_DATA: u8 = 0;
 const VALUE: u8 = 1;
@@ -73,7 +86,7 @@ impl std::fmt::Debug for Completion {
         let s = self.lock();
         f.debug_struct("Completion")
             .field("pending", &self.pending())
-            .field("finished", &s.finished)
+            .field("finished", &self.finished())
             .field("error", &s.error)
             .finish()
     }
@@ -82,24 +95,27 @@ impl std::fmt::Debug for Completion {
 impl Completion {
     /// A completion with nothing pending yet.
     pub fn new() -> Self {
-        Completion(Arc::new(Shared {
-            pending: AtomicUsize::new(0),
-            kind: AtomicU8::new(NO_DATA),
-            value: AtomicU64::new(0),
-            state: Mutex::new(State {
-                finished: 0,
-                error: None,
-                data: None,
-                callback: None,
-            }),
-        }))
+        Self::create(None)
     }
 
     /// A completion that calls `f` once nothing is pending any more.
     pub fn with_callback(f: impl FnOnce(&Result<(), UctError>) + Send + 'static) -> Self {
-        let c = Self::new();
-        c.lock().callback = Some(Box::new(f));
-        c
+        Self::create(Some(Box::new(f)))
+    }
+
+    fn create(callback: Option<Callback>) -> Self {
+        Completion(Arc::new(Shared {
+            counts: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+            has_callback: callback.is_some(),
+            kind: AtomicU8::new(NO_DATA),
+            value: AtomicU64::new(0),
+            state: Mutex::new(State {
+                error: None,
+                data: None,
+                callback,
+            }),
+        }))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -108,68 +124,104 @@ impl Completion {
     }
 
     /// Transport side: an operation was accepted and will finish later.
+    #[inline]
     pub fn start(&self) {
-        let _s = self.lock();
-        self.0.pending.fetch_add(1, Ordering::Release);
+        // Never carries into the finished half: 2^32 operations cannot be
+        // outstanding at once.
+        self.0.counts.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Transport side: stores data an operation returns (a fetched value,
     /// bytes read). Also used when the operation is Done at once.
+    #[inline]
     pub fn set_data(&self, data: CompletionData) {
         match data {
             CompletionData::Value(v) => {
                 self.0.value.store(v, Ordering::Relaxed);
                 self.0.kind.store(VALUE, Ordering::Release);
             }
-            bytes => {
-                let mut s = self.lock();
-                s.data = Some(bytes);
-                self.0.kind.store(BYTES, Ordering::Release);
-            }
+            bytes => self.set_bytes(bytes),
         }
+    }
+
+    fn set_bytes(&self, bytes: CompletionData) {
+        let mut s = self.lock();
+        s.data = Some(bytes);
+        self.0.kind.store(BYTES, Ordering::Release);
     }
 
     /// Transport side: an operation accepted with [`start`](Self::start)
     /// finished.
+    #[inline]
     pub fn finish(&self, result: Result<(), UctError>) {
-        let cb = {
-            let mut s = self.lock();
-            let left = self.0.pending.load(Ordering::Relaxed).saturating_sub(1);
-            self.0.pending.store(left, Ordering::Release);
-            s.finished += 1;
-            if let Err(e) = result {
-                s.error.get_or_insert(e);
-            }
-            if left == 0 {
-                s.callback.take()
-            } else {
-                None
-            }
+        if let Err(e) = result {
+            self.store_error(e);
+        }
+        // Saturating: a finish without a start leaves 0 pending, not a
+        // wrapped count. AcqRel: what this operation stored is published
+        // with the count, and the one that leaves none pending sees every
+        // other's.
+        let before = match self
+            .0
+            .counts
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                let (pending, finished) = (c & PENDING, c >> 32);
+                Some(((finished + 1) << 32) | pending.saturating_sub(1))
+            }) {
+            Ok(c) | Err(c) => c & PENDING,
         };
+        if before <= 1 && self.0.has_callback {
+            self.call_back();
+        }
+    }
+
+    /// Keeps the first error; `result` sees it once `failed` is set.
+    #[cold]
+    fn store_error(&self, e: UctError) {
+        let mut s = self.lock();
+        s.error.get_or_insert(e);
+        self.0.failed.store(true, Ordering::Release);
+    }
+
+    /// Nothing is pending any more: the callback runs, once, outside the
+    /// lock (it may look at this completion).
+    fn call_back(&self) {
+        let cb = self.lock().callback.take();
         if let Some(cb) = cb {
             cb(&self.result());
         }
     }
 
     /// Whether no operation is pending.
+    #[inline]
     pub fn is_complete(&self) -> bool {
         self.pending() == 0
     }
 
     /// Operations still pending.
+    #[inline]
     pub fn pending(&self) -> usize {
         // Acquire: a caller that sees 0 also sees what the finished
         // operations wrote (their error, their data).
-        self.0.pending.load(Ordering::Acquire)
+        (self.0.counts.load(Ordering::Acquire) & PENDING) as usize
     }
 
-    /// Operations finished so far.
+    /// Operations finished so far, modulo 2^32.
     pub fn finished(&self) -> usize {
-        self.lock().finished
+        (self.0.counts.load(Ordering::Acquire) >> 32) as usize
     }
 
     /// Ok, or the first error of the operations tracked.
+    #[inline]
     pub fn result(&self) -> Result<(), UctError> {
+        if !self.0.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.first_error()
+    }
+
+    #[cold]
+    fn first_error(&self) -> Result<(), UctError> {
         match &self.lock().error {
             Some(e) => Err(e.clone()),
             None => Ok(()),
@@ -188,5 +240,88 @@ impl Completion {
     /// The value of a fetching atomic, if it has arrived.
     pub fn value(&self) -> Option<u64> {
         (self.0.kind.load(Ordering::Acquire) == VALUE).then(|| self.0.value.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    #[test]
+    fn counts_keep_the_first_error_and_call_back_once_at_zero() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let seen = calls.clone();
+        let c = Completion::with_callback(move |r| {
+            assert!(matches!(r, Err(UctError::Canceled(m)) if m == "first"));
+            seen.fetch_add(1, Ordering::SeqCst);
+        });
+        c.start();
+        c.start();
+        c.start();
+        assert_eq!((c.pending(), c.finished()), (3, 0));
+        c.finish(Ok(()));
+        c.finish(Err(UctError::Canceled("first".into())));
+        assert!(!c.is_complete());
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "called before zero");
+        c.finish(Err(UctError::Canceled("second".into())));
+        assert!(c.is_complete());
+        assert_eq!(c.finished(), 3);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert!(matches!(c.result(), Err(UctError::Canceled(m)) if m == "first"));
+        // A finish without a start neither wraps the count nor calls again.
+        c.finish(Ok(()));
+        assert_eq!((c.pending(), calls.load(Ordering::SeqCst)), (0, 1));
+    }
+
+    #[test]
+    fn success_is_ok_and_data_is_taken_once() {
+        let c = Completion::new();
+        c.start();
+        c.set_data(CompletionData::Value(7));
+        c.finish(Ok(()));
+        assert_eq!((c.result(), c.value()), (Ok(()), Some(7)));
+        assert_eq!(c.take_data(), Some(CompletionData::Value(7)));
+        assert_eq!(c.take_data(), None);
+        c.set_data(CompletionData::Bytes(vec![1, 2]));
+        assert_eq!(c.value(), None);
+        assert_eq!(c.take_data(), Some(CompletionData::Bytes(vec![1, 2])));
+    }
+
+    /// Finishes from several threads: the callback runs once, after all of
+    /// them, and sees the error one of them stored.
+    #[test]
+    fn concurrent_finishes_call_back_once_with_the_error() {
+        const THREADS: usize = 4;
+        const EACH: usize = 2_000;
+        let calls = Arc::new(AtomicU32::new(0));
+        let seen = calls.clone();
+        let c = Completion::with_callback(move |r| {
+            assert!(r.is_err(), "the error stored before the last finish");
+            seen.fetch_add(1, Ordering::SeqCst);
+        });
+        for _ in 0..THREADS * EACH {
+            c.start();
+        }
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    for i in 0..EACH {
+                        let r = if t == 0 && i == EACH / 2 {
+                            Err(UctError::Canceled("one".into()))
+                        } else {
+                            Ok(())
+                        };
+                        c.finish(r);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("a finishing thread panicked");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!((c.pending(), c.finished()), (0, THREADS * EACH));
     }
 }

@@ -21,7 +21,7 @@
 //! is idle and a ping-pong reposts while it waits for the reply.
 
 use rdma_sys::*;
-use uct_core::{ImmEvent, MemHandle, Result, UctError};
+use uct_core::{ImmEvent, Result, UctError};
 
 use super::{Connection, RECV_BIT, SEG};
 use crate::qp::{wc_opcode, RECV_CHAIN};
@@ -123,9 +123,11 @@ impl Connection {
         }
     }
 
-    /// The receive buffers, for delivering active messages in place.
-    pub(crate) fn recv_buffer(&self) -> &MemHandle {
-        &self.recv
+    /// The receive buffers' host address and length (checked in `new`),
+    /// for delivering active messages in place: valid while this
+    /// connection lives, whose `recv` is never replaced.
+    pub(crate) fn recv_window(&self) -> (usize, usize) {
+        (self.recv_host, self.recv_len)
     }
 
     /// Gives receive segment `seg` back to the NIC after what it received

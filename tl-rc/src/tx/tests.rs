@@ -492,10 +492,10 @@ fn bytes_ahead_count_up_to_the_first_signalled_post() {
 /// The fast path changes the tracker exactly as `complete` would, or not
 /// at all: two trackers fed the same posts, flushes, failures and
 /// completions (of the front, past it, stray, old, failed, with the wrong
-/// opcode), one through `complete_front` first, agree after every step,
+/// opcode), one through `complete_run` first, agree after every step,
 /// across the id wraparound too.
 #[test]
-fn complete_front_agrees_with_complete() {
+fn complete_run_agrees_with_complete() {
     for first in [1, SEQ_LIMIT - 20] {
         fast_path_against_slow_path(first);
     }
@@ -512,6 +512,7 @@ fn fast_path_against_slow_path(first: u64) {
         seed
     };
     let (mut taken_fast, mut after_failure, mut old_front) = (0, 0, first);
+    let mut runs_longer = 0;
     for step in 0..4_000u32 {
         let roll = next() % 16;
         if roll < 7 && fast.ready() == Ok(true) {
@@ -559,16 +560,20 @@ fn fast_path_against_slow_path(first: u64) {
                 after_failure += 1;
             }
             let mut a = Vec::new();
-            let took = (status == WcStatus::Success)
-                .then(|| fast.complete_front(wr_id, opcode))
+            let run = (status == WcStatus::Success)
+                .then(|| fast.complete_run(wr_id, opcode))
                 .flatten();
-            match took {
-                Some(payload) => {
+            match run {
+                Some(count) => {
                     taken_fast += 1;
-                    a.push(TxEvent::Done {
-                        payload,
-                        named: true,
-                    });
+                    runs_longer += usize::from(count > 1);
+                    for index in 0..count {
+                        let payload = fast.pop_completed().expect("a run of outstanding ops");
+                        a.push(TxEvent::Done {
+                            payload,
+                            named: index + 1 == count,
+                        });
+                    }
                 }
                 None => fast.complete(wr_id, &status, opcode, &mut a),
             }
@@ -593,6 +598,7 @@ fn fast_path_against_slow_path(first: u64) {
         taken_fast > 100,
         "the fast path was taken {taken_fast} times"
     );
+    assert!(runs_longer > 50, "runs of more than one op: {runs_longer}");
     assert!(
         after_failure > 20,
         "{after_failure} completions after a failure"

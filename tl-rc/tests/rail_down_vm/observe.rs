@@ -252,10 +252,9 @@ impl Raw {
     /// Polls, then posts while fewer than 8 are in flight and nothing
     /// failed.
     pub fn turn(&mut self) {
-        // SAFETY: ibv_wc is plain C data: all zeroes is valid.
-        let mut wcs: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
-        if let Ok(n) = self.cq.poll(&mut wcs) {
-            for wc in &wcs[..n] {
+        let mut wcs = [const { std::mem::MaybeUninit::<ibv_wc>::uninit() }; 16];
+        if let Ok(got) = self.cq.poll(&mut wcs) {
+            for wc in got {
                 self.outstanding = self.outstanding.saturating_sub(1);
                 if wc.status == ibv_wc_status::IBV_WC_SUCCESS {
                     self.ok += 1;

@@ -9,7 +9,25 @@ use std::time::{Duration, Instant};
 pub struct Clock {
     ns_per_tick: f64,
     tsc: bool,
-    origin: Instant,
+    /// CLOCK_MONOTONIC at `new`, in ns.
+    origin_ns: u64,
+}
+
+/// CLOCK_MONOTONIC in ns, read directly: `Instant::elapsed` and its
+/// Duration arithmetic were some 50 instructions a lap, a measurable part
+/// of a small rc atomic under emulation (docs/perf-rc-notes.md).
+#[inline]
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC exists on
+    // every Linux, so the call cannot fail (it would leave `ts` zero).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -28,7 +46,7 @@ fn rdtsc() -> u64 {
 impl Clock {
     /// Calibrates for about 20 ms.
     pub fn new() -> Clock {
-        let origin = Instant::now();
+        let origin_ns = monotonic_ns();
         #[cfg(target_arch = "x86_64")]
         if tsc_usable() {
             let (t0, c0) = (Instant::now(), rdtsc());
@@ -39,14 +57,14 @@ impl Clock {
                 return Clock {
                     ns_per_tick: (t1 - t0).as_nanos() as f64 / ticks as f64,
                     tsc: true,
-                    origin,
+                    origin_ns,
                 };
             }
         }
         Clock {
             ns_per_tick: 1.0,
             tsc: false,
-            origin,
+            origin_ns,
         }
     }
 
@@ -57,7 +75,7 @@ impl Clock {
         if self.tsc {
             return rdtsc();
         }
-        self.origin.elapsed().as_nanos() as u64
+        monotonic_ns().wrapping_sub(self.origin_ns)
     }
 
     /// Ticks to nanoseconds.

@@ -187,8 +187,7 @@ pub(super) fn post(
 
 /// Progresses until `comp` fires; its error, if any.
 pub(super) fn wait(session: &mut Session, comp: &Completion, what: &str) -> Result<()> {
-    let fired = comp.clone();
-    spin(session, what, |_| fired.is_complete())?;
+    spin(session, what, |_| comp.is_complete())?;
     comp.result().map_err(PerfError::from)
 }
 
