@@ -2,7 +2,6 @@
 //! transitions; a failed transition is a [`VerbsError`] that names it.
 
 use std::ffi::CStr;
-use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -65,20 +64,19 @@ impl Cq {
         self.ptr.as_ptr()
     }
 
-    /// Polls up to `wcs.len()` completions; returns those written.
-    pub fn poll<'w>(&self, wcs: &'w mut [MaybeUninit<ibv_wc>]) -> Result<&'w [ibv_wc], VerbsError> {
+    /// Polls up to `wcs.len()` completions into `wcs`; returns how many
+    /// it wrote. A driver writes only the fields valid for a completion's
+    /// kind, so `wcs` is initialised by the caller (zeroed).
+    pub fn poll(&self, wcs: &mut [ibv_wc]) -> Result<usize, VerbsError> {
         let room = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
         // SAFETY: `ptr` is the CQ made in `new`, destroyed only in Drop, so
         // valid for `&self`; `wcs` has room for the `room` entries the call
-        // may write (MaybeUninit<ibv_wc> has ibv_wc's layout).
-        let n = unsafe { ibv_poll_cq(self.as_ptr(), room, wcs.as_mut_ptr().cast()) };
+        // may write.
+        let n = unsafe { ibv_poll_cq(self.as_ptr(), room, wcs.as_mut_ptr()) };
         if n < 0 {
             return Err(VerbsError::new("ibv_poll_cq", -n));
         }
-        let n = (n as usize).min(wcs.len());
-        // SAFETY: ibv_poll_cq wrote the first `n` entries (never more than
-        // `room`), so they are initialised ibv_wc values.
-        Ok(unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<ibv_wc>(), n) })
+        Ok((n as usize).min(wcs.len()))
     }
 }
 

@@ -252,9 +252,10 @@ impl Raw {
     /// Polls, then posts while fewer than 8 are in flight and nothing
     /// failed.
     pub fn turn(&mut self) {
-        let mut wcs = [const { std::mem::MaybeUninit::<ibv_wc>::uninit() }; 16];
-        if let Ok(got) = self.cq.poll(&mut wcs) {
-            for wc in got {
+        // SAFETY: ibv_wc is plain C data: all zeroes is valid.
+        let mut wcs: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
+        if let Ok(n) = self.cq.poll(&mut wcs) {
+            for wc in &wcs[..n] {
                 self.outstanding = self.outstanding.saturating_sub(1);
                 if wc.status == ibv_wc_status::IBV_WC_SUCCESS {
                     self.ok += 1;
