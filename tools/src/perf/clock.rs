@@ -1,8 +1,20 @@
 //! A cheap clock for per-iteration timestamps: the CPU's time-stamp counter
-//! where it runs at a constant rate (x86_64 with constant_tsc), calibrated
-//! against the monotonic clock; the monotonic clock elsewhere.
+//! (x86_64), calibrated against the monotonic clock, where it runs at a
+//! constant rate (constant_tsc) or where the monotonic clock is a system
+//! call; the monotonic clock elsewhere.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// Intervals the clock gave as negative (the TSCs of two CPUs out of step),
+/// recorded as 0; see [`backwards`].
+static BACKWARDS: AtomicU64 = AtomicU64::new(0);
+
+/// How many intervals so far ran backwards and were recorded as 0: the
+/// thread moved between CPUs whose TSCs are not in step.
+pub fn backwards() -> u64 {
+    BACKWARDS.load(Ordering::Relaxed)
+}
 
 /// Ticks and their length.
 #[derive(Clone, Copy, Debug)]
@@ -37,6 +49,39 @@ fn tsc_usable() -> bool {
         .unwrap_or(false)
 }
 
+/// Whether reading CLOCK_MONOTONIC is a system call here: the fastest of
+/// a few back-to-back reads takes over 300 ns (a vDSO read takes some 20 to
+/// 100). Then the kernel did not take the TSC as its clocksource (a VM on
+/// hpet: about 1.9 us a read under the rxe testbed's emulation, 2026-11-29,
+/// against 20 ns for the TSC), and a read per iteration is a measurable part
+/// of a small operation. ucx_perftest reads the TSC on x86_64 regardless.
+#[cfg(target_arch = "x86_64")]
+fn monotonic_is_slow() -> bool {
+    let mut prev = monotonic_ns();
+    let mut fastest = u64::MAX;
+    for _ in 0..8 {
+        let now = monotonic_ns();
+        fastest = fastest.min(now.wrapping_sub(prev));
+        prev = now;
+    }
+    fastest > 300
+}
+
+/// PERFTEST_CLOCK=tsc or =monotonic, else the TSC where it is invariant or
+/// the monotonic clock is slow.
+#[cfg(target_arch = "x86_64")]
+fn wants_tsc() -> bool {
+    match std::env::var("PERFTEST_CLOCK").as_deref() {
+        Ok("tsc") => true,
+        Ok("monotonic") => false,
+        Ok(other) => {
+            log::warn!("PERFTEST_CLOCK={other} is neither tsc nor monotonic; choosing by the CPU");
+            tsc_usable() || monotonic_is_slow()
+        }
+        Err(_) => tsc_usable() || monotonic_is_slow(),
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn rdtsc() -> u64 {
     // SAFETY: rdtsc has no preconditions on x86_64.
@@ -48,7 +93,7 @@ impl Clock {
     pub fn new() -> Clock {
         let origin_ns = monotonic_ns();
         #[cfg(target_arch = "x86_64")]
-        if tsc_usable() {
+        if wants_tsc() {
             let (t0, c0) = (Instant::now(), rdtsc());
             std::thread::sleep(Duration::from_millis(20));
             let (t1, c1) = (Instant::now(), rdtsc());
@@ -84,6 +129,23 @@ impl Clock {
         ticks as f64 * self.ns_per_tick
     }
 
+    /// Nanoseconds from tick `from` to tick `to`; 0, counted in
+    /// [`backwards`], where `to` comes first (TSCs of two CPUs out of step).
+    #[inline]
+    pub fn ns_between(&self, from: u64, to: u64) -> f64 {
+        let ticks = to.wrapping_sub(from);
+        if ticks > u64::MAX / 2 {
+            BACKWARDS.fetch_add(1, Ordering::Relaxed);
+            return 0.0;
+        }
+        self.ns(ticks)
+    }
+
+    /// Whether this clock is the TSC.
+    pub fn is_tsc(&self) -> bool {
+        self.tsc
+    }
+
     /// Ticks to a duration.
     pub fn duration(&self, ticks: u64) -> Duration {
         Duration::from_secs_f64(self.ns(ticks) / 1e9)
@@ -107,17 +169,24 @@ impl Default for Clock {
 pub(super) struct Looks {
     calls: u32,
     validate: bool,
-    last: Instant,
+    clock: Clock,
+    /// [`Looks::GAP`] in the clock's ticks.
+    gap: u64,
+    last: u64,
 }
 
 impl Looks {
     const GAP: Duration = Duration::from_micros(50);
 
-    pub(super) fn new(validate: bool) -> Self {
+    /// Looks timed by `clock` (the cheap one: a monotonic read was a
+    /// system call of about 2 us on the rxe testbed).
+    pub(super) fn new(validate: bool, clock: Clock) -> Self {
         Looks {
             calls: 0,
             validate,
-            last: Instant::now(),
+            clock,
+            gap: (Self::GAP.as_nanos() as f64 / clock.ns_per_tick) as u64,
+            last: clock.now(),
         }
     }
 
@@ -131,11 +200,49 @@ impl Looks {
         if self.validate {
             return true;
         }
-        let now = Instant::now();
-        if now.duration_since(self.last) < Self::GAP {
+        let now = self.clock.now();
+        // A clock that ran backwards (TSCs out of step) looks at once.
+        if now.wrapping_sub(self.last) < self.gap {
             return false;
         }
         self.last = now;
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interval_that_runs_backwards_is_zero_and_counted() {
+        let clock = Clock::new();
+        let before = backwards();
+        assert_eq!(clock.ns_between(1_000, 999), 0.0);
+        assert!(backwards() > before);
+        let ns = clock.ns_between(1_000, 3_000);
+        assert!((ns - clock.ns(2_000)).abs() < 1e-9 && ns > 0.0);
+    }
+
+    #[test]
+    fn the_clock_moves_forward_at_about_the_monotonic_rate() {
+        let clock = Clock::new();
+        let (t0, c0) = (Instant::now(), clock.now());
+        std::thread::sleep(Duration::from_millis(30));
+        let (c1, t1) = (clock.now(), Instant::now());
+        let ns = clock.ns_between(c0, c1);
+        let wall = (t1 - t0).as_nanos() as f64;
+        assert!(
+            ns > 0.5 * wall && ns < 1.5 * wall,
+            "clock {ns} ns against {wall} ns (tsc: {})",
+            clock.is_tsc()
+        );
+    }
+
+    #[test]
+    fn looks_come_every_64_calls_when_validating() {
+        let mut looks = Looks::new(true, Clock::new());
+        let due = (0..128).filter(|_| looks.due()).count();
+        assert_eq!(due, 2);
     }
 }

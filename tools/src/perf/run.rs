@@ -297,8 +297,8 @@ impl Samples {
 
     /// Records the time since `start` (ticks), divided by `divisor`.
     fn since(&mut self, start: u64, divisor: f64) {
-        let elapsed = self.clock.now().wrapping_sub(start);
-        self.times.push(self.clock.ns(elapsed) / divisor);
+        let ns = self.clock.ns_between(start, self.clock.now());
+        self.times.push(ns / divisor);
     }
 
     /// Records the time since the previous lap ended (or since `new`),
@@ -307,7 +307,7 @@ impl Samples {
     fn lap(&mut self, divisor: f64) {
         let now = self.clock.now();
         self.times
-            .push(self.clock.ns(now.wrapping_sub(self.last)) / divisor);
+            .push(self.clock.ns_between(self.last, now) / divisor);
         self.last = now;
     }
 
@@ -320,7 +320,7 @@ impl Samples {
             return;
         }
         let now = self.clock.now();
-        let ns = self.clock.ns(now.wrapping_sub(self.last));
+        let ns = self.clock.ns_between(self.last, now);
         self.times.push(ns / f64::from(self.count));
         self.last = now;
         self.count = 0;
@@ -526,7 +526,7 @@ fn server(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Res
     // the phase's budget.
     let budget = phase_budget(iters, size);
     let started = Instant::now();
-    let mut looks = super::clock::Looks::new(session.params.validate);
+    let mut looks = super::clock::Looks::new(session.params.validate, clock());
     let mut looked = 0u32;
     loop {
         session.iface.progress();
