@@ -338,9 +338,13 @@ pub fn stale_key(tl: &str) -> Result<(), Failed> {
         |u| match u {
             UctError::NoSuchRegion { .. } | UctError::BadSecret => true,
             // posix: the freed region's descriptor number already names
-            // another file of the peer's, and the refusal says so.
+            // another file of the peer's (not a segment: one would be
+            // answered from its header), and the refusal says so.
             UctError::BadRkey(m) => {
-                tl == "posix" && m.contains("is not a sealed uct segment") && m.contains("freed")
+                tl == "posix"
+                    && m.contains("is not a sealed uct segment")
+                    && !m.contains("less than its header")
+                    && !m.contains("header cannot be read")
             }
             _ => false,
         },
