@@ -73,14 +73,14 @@ fn monotonic_is_slow() -> bool {
 #[cfg(target_arch = "x86_64")]
 fn wants_tsc() -> bool {
     match std::env::var("PERFTEST_CLOCK").as_deref() {
-        Ok("tsc") => true,
-        Ok("monotonic") => false,
+        Ok("tsc") => return true,
+        Ok("monotonic") => return false,
         Ok(other) => {
-            log::warn!("PERFTEST_CLOCK={other} is neither tsc nor monotonic; choosing by the CPU");
-            tsc_usable() || monotonic_is_slow()
+            log::warn!("PERFTEST_CLOCK={other} is neither tsc nor monotonic; choosing by the CPU")
         }
-        Err(_) => tsc_usable() || monotonic_is_slow(),
+        Err(_) => {}
     }
+    tsc_usable() || monotonic_is_slow()
 }
 
 #[cfg(target_arch = "x86_64")]
