@@ -68,19 +68,33 @@ fn monotonic_is_slow() -> bool {
     fastest > 300
 }
 
-/// PERFTEST_CLOCK=tsc or =monotonic, else the TSC where it is invariant or
-/// the monotonic clock is slow.
+/// Whether to try the TSC: PERFTEST_CLOCK=tsc or =monotonic (the user's
+/// choice, `forced`), else the TSC where it is invariant or the monotonic
+/// clock is slow.
 #[cfg(target_arch = "x86_64")]
-fn wants_tsc() -> bool {
+struct TscWish {
+    wanted: bool,
+    forced: bool,
+}
+
+#[cfg(target_arch = "x86_64")]
+fn wants_tsc() -> TscWish {
+    let forced = |wanted| TscWish {
+        wanted,
+        forced: true,
+    };
     match std::env::var("PERFTEST_CLOCK").as_deref() {
-        Ok("tsc") => return true,
-        Ok("monotonic") => return false,
+        Ok("tsc") => return forced(true),
+        Ok("monotonic") => return forced(false),
         Ok(other) => {
             log::warn!("PERFTEST_CLOCK={other} is neither tsc nor monotonic; choosing by the CPU")
         }
         Err(_) => {}
     }
-    tsc_usable() || monotonic_is_slow()
+    TscWish {
+        wanted: tsc_usable() || monotonic_is_slow(),
+        forced: false,
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -127,19 +141,28 @@ impl Clock {
     pub fn new() -> Clock {
         let origin_ns = monotonic_ns();
         #[cfg(target_arch = "x86_64")]
-        if wants_tsc() {
-            match (tsc_window(10), tsc_window(10)) {
-                (Some(a), Some(b)) if (a - b).abs() <= 0.02 * a => {
-                    return Clock {
-                        ns_per_tick: (a + b) / 2.0,
-                        tsc: true,
-                        origin_ns,
-                    };
+        {
+            let wish = wants_tsc();
+            if wish.wanted {
+                match (tsc_window(10), tsc_window(10)) {
+                    (Some(a), Some(b)) if (a - b).abs() <= 0.02 * a => {
+                        return Clock {
+                            ns_per_tick: (a + b) / 2.0,
+                            tsc: true,
+                            origin_ns,
+                        };
+                    }
+                    // Said out loud only to a user who asked for the TSC.
+                    windows if wish.forced => log::warn!(
+                        "PERFTEST_CLOCK=tsc: the TSC's calibration windows disagree or are not \
+                         believable ({windows:?} ns a tick), so it is not used; timing with the \
+                         monotonic clock (pin with taskset, or leave PERFTEST_CLOCK unset)"
+                    ),
+                    windows => log::debug!(
+                        "perftest: the TSC's calibration windows disagree or are not believable \
+                         ({windows:?} ns a tick); timing with the monotonic clock"
+                    ),
                 }
-                windows => log::debug!(
-                    "perftest: the TSC's calibration windows disagree or are not believable \
-                     ({windows:?} ns a tick); timing with the monotonic clock"
-                ),
             }
         }
         Clock {
