@@ -68,32 +68,18 @@ fn monotonic_is_slow() -> bool {
     fastest > 300
 }
 
-/// Whether to try the TSC: PERFTEST_CLOCK=tsc or =monotonic (the user's
-/// choice, `forced`), else the TSC where it is invariant or the monotonic
-/// clock is slow.
+/// The user's choice of clock, PERFTEST_CLOCK=tsc (true) or =monotonic
+/// (false); None leaves it to the CPU.
 #[cfg(target_arch = "x86_64")]
-struct TscWish {
-    wanted: bool,
-    forced: bool,
-}
-
-#[cfg(target_arch = "x86_64")]
-fn wants_tsc() -> TscWish {
-    let forced = |wanted| TscWish {
-        wanted,
-        forced: true,
-    };
+fn chosen_clock() -> Option<bool> {
     match std::env::var("PERFTEST_CLOCK").as_deref() {
-        Ok("tsc") => return forced(true),
-        Ok("monotonic") => return forced(false),
+        Ok("tsc") => Some(true),
+        Ok("monotonic") => Some(false),
         Ok(other) => {
-            log::warn!("PERFTEST_CLOCK={other} is neither tsc nor monotonic; choosing by the CPU")
+            log::warn!("PERFTEST_CLOCK={other} is neither tsc nor monotonic; choosing by the CPU");
+            None
         }
-        Err(_) => {}
-    }
-    TscWish {
-        wanted: tsc_usable() || monotonic_is_slow(),
-        forced: false,
+        Err(_) => None,
     }
 }
 
@@ -142,8 +128,10 @@ impl Clock {
         let origin_ns = monotonic_ns();
         #[cfg(target_arch = "x86_64")]
         {
-            let wish = wants_tsc();
-            if wish.wanted {
+            // The TSC where the user chose it, else where it is invariant
+            // or the monotonic clock is slow.
+            let chosen = chosen_clock();
+            if chosen.unwrap_or_else(|| tsc_usable() || monotonic_is_slow()) {
                 match (tsc_window(10), tsc_window(10)) {
                     (Some(a), Some(b)) if (a - b).abs() <= 0.02 * a => {
                         return Clock {
@@ -153,7 +141,7 @@ impl Clock {
                         };
                     }
                     // Said out loud only to a user who asked for the TSC.
-                    windows if wish.forced => log::warn!(
+                    windows if chosen == Some(true) => log::warn!(
                         "PERFTEST_CLOCK=tsc: the TSC's calibration windows disagree or are not \
                          believable ({windows:?} ns a tick), so it is not used; timing with the \
                          monotonic clock (pin with taskset, or leave PERFTEST_CLOCK unset)"
