@@ -20,6 +20,11 @@
  * header say what the program created (CQs, QPs: ibv_create_cq and
  * ibv_create_qp are interposed too, to log their arguments).
  *
+ * Limits: ibv_post_srq_recv (ucx_perftest reposts through an SRQ) and the
+ * _ex verbs (ibv_create_cq_ex: ucx_perftest's CQs) are not wrapped, so such
+ * calls are neither stamped nor logged; the records are written at exit
+ * without a lock (the programs post from one thread); one provider only.
+ *
  * Build: cc -O2 -shared -fPIC -o exp-verbs-calls.so exp-verbs-calls.c -ldl
  */
 #define _GNU_SOURCE
@@ -69,8 +74,11 @@ static void note(const char *fmt, ...)
     va_start(ap, fmt);
     if (setup_len < sizeof(setup)) {
         int k = vsnprintf(setup + setup_len, sizeof(setup) - setup_len, fmt, ap);
+        /* vsnprintf returns the untruncated length: keep to what fits. */
         if (k > 0)
             setup_len += (size_t)k;
+        if (setup_len > sizeof(setup) - 1)
+            setup_len = sizeof(setup) - 1;
     }
     va_end(ap);
 }
@@ -150,6 +158,7 @@ static struct rec *take(char kind)
  * costs is the usage at exit less this. */
 static struct rusage first_usage;
 static int have_first_usage;
+static pid_t first_usage_tid;
 
 /* VERBS_CALLS_TOUCH=N: before each post, read a byte of each of N pages
  * of the shim's own, so that a program touches more memory on its path
@@ -173,9 +182,10 @@ static int timed_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv
     (void)marker;
     if (touch_n)
         touch();
-    if (!have_first_usage) {
+    if (!__atomic_load_n(&have_first_usage, __ATOMIC_ACQUIRE)) {
         getrusage(RUSAGE_THREAD, &first_usage);
-        have_first_usage = 1;
+        first_usage_tid = gettid();
+        __atomic_store_n(&have_first_usage, 1, __ATOMIC_RELEASE);
     }
     uint64_t t0 = __rdtsc();
     int r = real_post_send(qp, wr, bad);
@@ -230,7 +240,12 @@ static int timed_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
         e->t_out = t1;
         e->prev_in = prev;
         e->n = r;
+        /* A receive when any completion of the batch is one (a CQ shared
+         * by sends and receives may return a send first). */
         e->op = (int)wc[0].opcode;
+        for (int i = 0; i < r; i++)
+            if (wc[i].opcode & IBV_WC_RECV)
+                e->op = (int)wc[i].opcode;
         e->flags = 0;
     }
     return r;
@@ -263,6 +278,8 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
                     touch_pages[i * 4096] = 1;
             }
         }
+        /* Fault in the first records now, not inside a timed path. */
+        memset(recs, 0, sizeof(recs[0]) * (MAX_REC / 16));
         ns0 = mono_ns();
         tsc0 = __rdtsc();
         real_post_send = ctx->ops.post_send;
@@ -301,7 +318,9 @@ __attribute__((destructor)) static void dump(void)
             per_ns, (void *)&marker);
     fwrite(setup, 1, setup_len, f);
     struct rusage u;
-    if (have_first_usage && getrusage(RUSAGE_THREAD, &u) == 0) {
+    if (have_first_usage && first_usage_tid != gettid())
+        fprintf(f, "# run usage not known: the thread that posted first is not the one exiting\n");
+    else if (have_first_usage && getrusage(RUSAGE_THREAD, &u) == 0) {
         double ut = (u.ru_utime.tv_sec - first_usage.ru_utime.tv_sec) +
                     (u.ru_utime.tv_usec - first_usage.ru_utime.tv_usec) / 1e6;
         double st = (u.ru_stime.tv_sec - first_usage.ru_stime.tv_sec) +
