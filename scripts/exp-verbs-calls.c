@@ -154,6 +154,20 @@ static struct rec *take(char kind)
     return &recs[i];
 }
 
+/* Records one call: its kind, entry and exit stamps and three figures. */
+static void put(char kind, uint64_t t_in, uint64_t t_out, int n, int op, int flags, uint64_t prev_in)
+{
+    struct rec *e = take(kind);
+    if (e) {
+        e->t_in = t_in;
+        e->t_out = t_out;
+        e->n = n;
+        e->op = op;
+        e->flags = flags;
+        e->prev_in = prev_in;
+    }
+}
+
 /* The posting thread's usage at its first post: what the run itself
  * costs is the usage at exit less this. */
 static struct rusage first_usage;
@@ -190,15 +204,7 @@ static int timed_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv
     uint64_t t0 = __rdtsc();
     int r = real_post_send(qp, wr, bad);
     uint64_t t1 = __rdtsc();
-    struct rec *e = take('S');
-    if (e) {
-        e->t_in = t0;
-        e->t_out = t1;
-        e->n = 0;
-        e->op = wr ? (int)wr->opcode : -1;
-        e->flags = wr ? (int)wr->send_flags : 0;
-        e->prev_in = last_poll_out;
-    }
+    put('S', t0, t1, 0, wr ? (int)wr->opcode : -1, wr ? (int)wr->send_flags : 0, last_poll_out);
     return r;
 }
 
@@ -207,18 +213,11 @@ static int timed_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv
     uint64_t t0 = __rdtsc();
     int r = real_post_recv(qp, wr, bad);
     uint64_t t1 = __rdtsc();
-    struct rec *e = take('R');
-    if (e) {
-        e->t_in = t0;
-        e->t_out = t1;
-        e->n = 0;
-        /* The first receive's buffer length, and how many were chained. */
-        e->op = wr && wr->num_sge > 0 ? (int)wr->sg_list[0].length : 0;
-        int chained = 0;
-        for (struct ibv_recv_wr *w = wr; w; w = w->next)
-            chained++;
-        e->flags = chained;
-    }
+    /* The first receive's buffer length, and how many were chained. */
+    int chained = 0;
+    for (struct ibv_recv_wr *w = wr; w; w = w->next)
+        chained++;
+    put('R', t0, t1, 0, wr && wr->num_sge > 0 ? (int)wr->sg_list[0].length : 0, chained, 0);
     return r;
 }
 
@@ -234,20 +233,13 @@ static int timed_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
         __atomic_fetch_add(&misses, 1, __ATOMIC_RELAXED);
         return r;
     }
-    struct rec *e = take('P');
-    if (e) {
-        e->t_in = t0;
-        e->t_out = t1;
-        e->prev_in = prev;
-        e->n = r;
-        /* A receive when any completion of the batch is one (a CQ shared
-         * by sends and receives may return a send first). */
-        e->op = (int)wc[0].opcode;
-        for (int i = 0; i < r; i++)
-            if (wc[i].opcode & IBV_WC_RECV)
-                e->op = (int)wc[i].opcode;
-        e->flags = 0;
-    }
+    /* A receive when any completion of the batch is one (a CQ shared
+     * by sends and receives may return a send first). */
+    int op = (int)wc[0].opcode;
+    for (int i = 0; i < r; i++)
+        if (wc[i].opcode & IBV_WC_RECV)
+            op = (int)wc[i].opcode;
+    put('P', t0, t1, r, op, 0, prev);
     return r;
 }
 
@@ -255,9 +247,7 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
     static struct ibv_context *(*real_open)(struct ibv_device *);
     if (!real_open) {
-        void *lib = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_NOLOAD);
-        if (lib)
-            real_open = (struct ibv_context * (*)(struct ibv_device *)) dlsym(lib, "ibv_open_device");
+        real_open = (struct ibv_context * (*)(struct ibv_device *)) real_sym("ibv_open_device");
         if (!real_open) {
             fprintf(stderr, "exp-verbs-calls: no ibv_open_device in the loaded libibverbs\n");
             errno = ENOSYS;
