@@ -95,7 +95,7 @@ fn run(shared: &Shared) {
         idle = idle.saturating_add(1);
         if shared.busy() {
             if idle <= 64 {
-                std::hint::spin_loop();
+                uct_core::spin::relax();
                 continue;
             }
             // The clock is read only every 64 turns.

@@ -85,6 +85,7 @@ pub mod region_table;
 pub mod registry;
 pub mod rkey;
 pub mod self_tl;
+pub mod spin;
 
 pub use completion::{Completion, CompletionData, Status};
 pub use component::{BuiltinComponent, Component};

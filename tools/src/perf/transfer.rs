@@ -159,9 +159,10 @@ pub(super) fn spin(
         }
         // PAUSE when progress found nothing: a tight loop of loads that
         // the peer's write ends was measured slower without it, likely
-        // the pipeline flush when that write lands (docs/perf-notes.md).
+        // the pipeline flush when that write lands (docs/perf-notes.md);
+        // none where a PAUSE is dear (under an emulator: uct_core::spin).
         if session.iface.progress() == 0 {
-            std::hint::spin_loop();
+            uct_core::spin::relax();
         }
         deadline.tick()?;
     }
