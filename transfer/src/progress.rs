@@ -46,6 +46,8 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> Result<JoinHandle<()>> {
 }
 
 fn run(shared: &Shared) {
+    // The spin hint's cost is timed here, before any transfer waits on it.
+    uct_core::spin::use_pause();
     let mut idle = 0u32;
     let mut quiet_since: Option<Instant> = None;
     let mut drowsy = false;

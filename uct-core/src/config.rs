@@ -122,6 +122,12 @@ pub const CORE_CONFIG: &[ConfigVar] = &[
         doc: "Logging threshold: error, warn, info, debug or trace. Modules log through the host's logger.",
     },
     ConfigVar {
+        name: "UCT_SPIN_PAUSE",
+        default: "auto",
+        kind: ConfigKind::String,
+        doc: "Whether busy waits give the CPU's spin hint (PAUSE on x86) on a turn that found nothing: auto keeps it where one costs at most 200 ns (measured once per process; an emulator such as QEMU's TCG makes it dear), yes or no forces it.",
+    },
+    ConfigVar {
         name: "UCT_TRANSFER_RAILS",
         default: "1",
         kind: ConfigKind::Uint,

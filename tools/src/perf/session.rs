@@ -249,6 +249,8 @@ impl Session {
         role: Role,
         limits: &ServerLimits,
     ) -> Result<Session> {
+        // The wait loops' spin hint is timed now, outside what they time.
+        uct_core::spin::use_pause();
         let (params, mut iface) = match role {
             Role::Client => {
                 ch.send_msg(&Hello::Params(Box::new(params.clone())))?;

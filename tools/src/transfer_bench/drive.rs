@@ -47,6 +47,8 @@ impl<'a> Driver<'a> {
     /// A driver that calls `progress()` on `manual` between polls, and
     /// gives every wait `limit`.
     pub fn new(manual: Vec<&'a Transport>, limit: Duration) -> Driver<'a> {
+        // The spin hint's cost is timed now, not in the first timed wait.
+        uct_core::spin::use_pause();
         let waker = if manual.is_empty() {
             Waker::from(Arc::new(ThreadWaker(std::thread::current())))
         } else {
@@ -75,7 +77,7 @@ impl<'a> Driver<'a> {
             }
             if self.manual.is_empty() {
                 if turns < SPIN_POLLS {
-                    std::hint::spin_loop();
+                    uct_core::spin::relax();
                 } else {
                     // The waker unparks; the timeout bounds a lost wake-up.
                     std::thread::park_timeout(Duration::from_millis(1));
