@@ -35,6 +35,8 @@ pub enum ConfigKind {
     String,
     /// `y`/`yes`/`1`/`true`/`on` or `n`/`no`/`0`/`false`/`off`.
     Bool,
+    /// `auto`, or one of [`ConfigKind::Bool`]'s words.
+    AutoBool,
     /// Unsigned integer, or `auto`.
     Uint,
     /// Byte size with an optional suffix: `64k`, `4M`, `1G`.
@@ -53,7 +55,8 @@ impl ConfigKind {
     fn expected(self) -> &'static str {
         match self {
             ConfigKind::String | ConfigKind::PathList => "a string",
-            ConfigKind::Bool => "y, n, yes, no, 1, 0, true or false",
+            ConfigKind::Bool => "y, n, yes, no, 1, 0, true, false, on or off",
+            ConfigKind::AutoBool => "auto, y, n, yes, no, 1, 0, true, false, on or off",
             ConfigKind::Uint => "an unsigned integer or auto",
             ConfigKind::Size => "a size such as 4096, 64k, 4M or 1G",
             ConfigKind::Duration => "a duration such as 500ms, 10s or 2m",
@@ -68,6 +71,7 @@ impl ConfigKind {
         match self {
             ConfigKind::String | ConfigKind::PathList | ConfigKind::AllowList => true,
             ConfigKind::Bool => parse_bool(value).is_some(),
+            ConfigKind::AutoBool => parse_auto_bool(value).is_some(),
             ConfigKind::Uint => value == "auto" || value.parse::<u64>().is_ok(),
             ConfigKind::Size => parse_size(value).is_some(),
             ConfigKind::Duration => parse_duration(value).is_some(),
@@ -124,7 +128,7 @@ pub const CORE_CONFIG: &[ConfigVar] = &[
     ConfigVar {
         name: "UCT_SPIN_PAUSE",
         default: "auto",
-        kind: ConfigKind::String,
+        kind: ConfigKind::AutoBool,
         doc: "Whether busy waits give the CPU's spin hint (PAUSE on x86) on a turn that found nothing: auto keeps it where one costs at most 200 ns (measured once per process; an emulator such as QEMU's TCG makes it dear), yes or no forces it.",
     },
     ConfigVar {
@@ -428,6 +432,27 @@ impl AllowList {
     pub fn is_negated(&self) -> bool {
         self.negate
     }
+}
+
+/// A setting that is `auto` (or empty) or forced either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoBool {
+    /// Decided by the code (a measurement, a default).
+    Auto,
+    /// Forced on.
+    Yes,
+    /// Forced off.
+    No,
+}
+
+/// `auto` or empty, else a [`parse_bool`] word; case and surrounding
+/// blanks do not matter.
+pub fn parse_auto_bool(s: &str) -> Option<AutoBool> {
+    let s = s.trim();
+    if s.is_empty() || s.eq_ignore_ascii_case("auto") {
+        return Some(AutoBool::Auto);
+    }
+    parse_bool(s).map(|b| if b { AutoBool::Yes } else { AutoBool::No })
 }
 
 /// Parses a boolean value; `None` if it is not one.

@@ -385,7 +385,7 @@ pub fn recv_ctl(ch: &mut BootstrapChannel, driver: &Driver<'_>, what: &str) -> R
                 limit,
             });
         }
-        std::hint::spin_loop();
+        uct_core::spin::relax();
     }
     Ok(ch.recv_msg::<Ctl>()?)
 }
