@@ -1,9 +1,9 @@
 /* What one PAUSE costs, on the host and in the rc testbed's VM (an
  * experiment, never shipped; docs/perf-rc-notes.md, "PAUSE under the
  * emulator"). In one run, 5 samples of each: 256 PAUSEs in a loop (the
- * figures the notes quote), 32 in a loop, 32 in a row without a loop
- * (under TCG far cheaper each), and an empty sample (the clock's two
- * reads, not taken off the others). Per PAUSE, in ns, clock included.
+ * figures the notes quote), 32 in a loop, 32 in a row without a loop,
+ * and an empty sample (the clock's two reads, not taken off the
+ * others). Per PAUSE, in ns, clock included.
  *   cc -O2 -o target/exp-pause scripts/exp-pause.c
  *   target/exp-pause; scripts/rxe-vm -- target/exp-pause */
 #include <stdio.h>

@@ -3,7 +3,7 @@
 //!
 //! A PAUSE eases a loop of loads that another CPU's store ends, likely by
 //! sparing the pipeline flush when the store lands (docs/perf-notes.md,
-//! "Waiting loops without PAUSE"). It took 25 to 31 ns on the machines
+//! "Waiting loops without PAUSE"). It took 26 to 31 ns on the machines
 //! here. An emulator may make it dear: QEMU's TCG leaves the translated
 //! code for its CPU loop at each one, 320 ns and more in the rc testbed,
 //! which lengthened a wait loop's turn from 0.86 to 1.23 us
@@ -22,22 +22,22 @@ use std::time::{Duration, Instant};
 use crate::config::{parse_auto_bool, AutoBool};
 
 /// A hint at most this long is kept: about seven times what it costs on
-/// the host here (25 to 31 ns), under the least TCG took (about 320 ns).
+/// the host here (26 to 31 ns), under the least TCG took (about 320 ns).
 pub const CHEAP_PAUSE_NS: u64 = 200;
 
 /// Hints timed together in one sample: enough that the hint, not the
-/// clock's two reads (about 2 us a pair under TCG in the testbed), makes
+/// clock's two reads (2 to 15 us a pair under TCG in the testbed), makes
 /// the sample under an emulator; few enough (under a microsecond on the
-/// host) that a hypervisor's pause-loop exiting, a window of some 4,096
-/// cycles of back-to-back hints, rarely triggers. The waits themselves
+/// host) that a hypervisor's pause-loop exiting, which watches for long
+/// runs of back-to-back hints, rarely triggers. The waits themselves
 /// space their hints with a progress call.
 const BATCH: u32 = 32;
 
 /// Samples of each kind, after one untimed of each (an emulator
-/// translates code on its first run). Without that warm-up, and with the
-/// hints unrolled, a first version read 72 to 91 ns a hint under TCG,
-/// where PAUSEs in a loop or in a row take 320 ns and more
-/// (scripts/exp-pause.c); which of the two misled it was not measured.
+/// translates code on its first run). A form without that warm-up, the
+/// hints unrolled, read 72 to 91 ns a hint under TCG, where PAUSEs in a
+/// loop take 320 ns and more (scripts/exp-pause.c); which of the two
+/// misled it was not measured.
 /// The least counts (a preemption only lengthens the one it hits).
 const SAMPLES: usize = 5;
 
@@ -54,19 +54,31 @@ pub fn relax() {
 /// falls outside what they time).
 #[inline]
 pub fn use_pause() -> bool {
-    static USE: OnceLock<bool> = OnceLock::new();
-    if let Some(&v) = USE.get() {
-        return v;
+    match USE.get() {
+        Some(&v) => v,
+        None => first_use(),
     }
+}
+
+static USE: OnceLock<bool> = OnceLock::new();
+
+/// Decides, stores and logs. Two threads may both measure; the first to
+/// store decides, and only it logs. Logged after storing: a logger that
+/// waits on a transport calls back in here.
+#[cold]
+#[inline(never)]
+fn first_use() -> bool {
     let value = std::env::var("UCT_SPIN_PAUSE").ok();
-    let (v, note) = decide(value.as_deref(), pause_ns);
-    // Logged outside the cell's initialisation: a logger that waits on a
-    // transport would call back in here.
-    let v = *USE.get_or_init(|| v);
-    if let Some(note) = note {
-        note.log();
+    let (v, notes) = decide(value.as_deref(), pause_ns);
+    match USE.set(v) {
+        Ok(()) => {
+            for note in &notes {
+                note.log();
+            }
+            v
+        }
+        Err(_) => *USE.get().unwrap_or(&v),
     }
-    v
 }
 
 /// What the decision has to say, logged once it is made.
@@ -91,22 +103,28 @@ impl Note {
 }
 
 /// The decision for `UCT_SPIN_PAUSE`'s `value`, measuring with `measure`
-/// only when it asks for auto (or is not understood).
-fn decide(value: Option<&str>, measure: impl FnOnce() -> u64) -> (bool, Option<Note>) {
-    let (setting, bad) = match value.map(parse_auto_bool) {
-        None => (AutoBool::Auto, None),
-        Some(Some(s)) => (s, None),
-        Some(None) => (AutoBool::Auto, value.map(|v| Note::Bad(v.to_string()))),
+/// only when it asks for auto (or is not understood), and what to log.
+fn decide(value: Option<&str>, measure: impl FnOnce() -> u64) -> (bool, Vec<Note>) {
+    let mut notes = Vec::new();
+    let setting = match value.map(|v| (v, parse_auto_bool(v))) {
+        None => AutoBool::Auto,
+        Some((_, Some(s))) => s,
+        Some((v, None)) => {
+            notes.push(Note::Bad(v.to_string()));
+            AutoBool::Auto
+        }
     };
-    match setting {
-        AutoBool::Yes => (true, bad),
-        AutoBool::No => (false, bad),
+    let v = match setting {
+        AutoBool::Yes => true,
+        AutoBool::No => false,
         AutoBool::Auto => {
             let ns = measure();
             let keep = cheap(ns);
-            (keep, bad.or(Some(Note::Measured { ns, keep })))
+            notes.push(Note::Measured { ns, keep });
+            keep
         }
-    }
+    };
+    (v, notes)
 }
 
 /// Whether a hint of `ns` ns is cheap enough to keep.
@@ -127,7 +145,7 @@ fn sample(hints: u32, mut hint: impl FnMut()) -> Duration {
 }
 
 /// The time of one spin hint and one turn of its loop in ns: the least
-/// batch of [`BATCH`], less the least empty batch (the clock's own
+/// batch of `BATCH` (32), less the least empty batch (the clock's own
 /// reads). Takes some 10 us on the host, some 0.1 ms under TCG; not
 /// cached (use [`use_pause`] for the decision).
 pub fn pause_ns() -> u64 {
@@ -220,10 +238,10 @@ mod tests {
     fn yes_and_no_skip_the_measurement() {
         let never = || -> u64 { panic!("measured although the setting forced it") };
         for yes in ["y", "yes", "1", "true", "on", " YES "] {
-            assert_eq!(decide(Some(yes), never), (true, None), "{yes}");
+            assert_eq!(decide(Some(yes), never), (true, vec![]), "{yes}");
         }
         for no in ["n", "no", "0", "false", "off", "No"] {
-            assert_eq!(decide(Some(no), never), (false, None), "{no}");
+            assert_eq!(decide(Some(no), never), (false, vec![]), "{no}");
         }
     }
 
@@ -232,17 +250,17 @@ mod tests {
         for auto in [None, Some("auto"), Some(" AUTO "), Some("")] {
             assert_eq!(
                 decide(auto, || 27),
-                (true, Some(Note::Measured { ns: 27, keep: true })),
+                (true, vec![Note::Measured { ns: 27, keep: true }]),
                 "{auto:?}"
             );
             assert_eq!(
                 decide(auto, || 326),
                 (
                     false,
-                    Some(Note::Measured {
+                    vec![Note::Measured {
                         ns: 326,
                         keep: false
-                    })
+                    }]
                 ),
                 "{auto:?}"
             );
@@ -251,9 +269,17 @@ mod tests {
 
     #[test]
     fn a_value_not_understood_is_named_and_measured_as_auto() {
+        // Measured (a cheap hint kept, so not read as "no"), and both the
+        // bad value and the measurement are told.
         assert_eq!(
-            decide(Some("sometimes"), || 326),
-            (false, Some(Note::Bad("sometimes".into())))
+            decide(Some("sometimes"), || 27),
+            (
+                true,
+                vec![
+                    Note::Bad("sometimes".into()),
+                    Note::Measured { ns: 27, keep: true }
+                ]
+            )
         );
     }
 
