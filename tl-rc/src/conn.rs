@@ -173,9 +173,13 @@ pub(crate) struct Connection {
     /// writes only the fields valid for a completion's kind (mlx5 leaves
     /// the byte_len of a send, the opcode of an error), so the rest must
     /// hold a value before it is read. Kept here and re-zeroed entry by
-    /// entry as completions are taken, not zeroed whole per poll (768
-    /// bytes, a cost in every idle turn of a wait loop).
+    /// entry as completions are taken, not zeroed whole per progress call
+    /// (768 bytes, a cost in every idle turn of a wait loop).
     wcs: [ibv_wc; POLL_BATCH],
+    /// Entries of `wcs` the last poll wrote and not all taken yet: only
+    /// other than 0 after a completion's handler (a user's callback)
+    /// panicked; the next progress call zeroes them first.
+    wcs_written: usize,
 }
 
 /// Queue lengths and the peer timeout of a new connection.
@@ -238,6 +242,7 @@ impl Connection {
             watch: watch.clone(),
             port,
             wcs: [ZERO_WC; POLL_BATCH],
+            wcs_written: 0,
         };
         let segs: Vec<usize> = (0..queues.rx as usize).collect();
         conn.post_recvs(&segs)?;
@@ -385,6 +390,11 @@ impl Connection {
 
     /// Polls the completion queue; returns how many completions it handled.
     pub(crate) fn progress(&mut self) -> usize {
+        if self.wcs_written > 0 {
+            let written = self.wcs_written.min(POLL_BATCH);
+            self.wcs[..written].fill_with(|| ZERO_WC);
+            self.wcs_written = 0;
+        }
         let mut total = 0;
         loop {
             let n = match self.cq.poll(&mut self.wcs) {
@@ -396,11 +406,13 @@ impl Connection {
                     return total + 1;
                 }
             };
+            self.wcs_written = n;
             for i in 0..n {
                 // Taken out and the slot zeroed again for the next poll.
                 let wc = std::mem::replace(&mut self.wcs[i], ZERO_WC);
                 self.on_completion(&wc);
             }
+            self.wcs_written = 0;
             total += n;
             if n == 0 {
                 // Idle: what waits for a batch goes back now.
