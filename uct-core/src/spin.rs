@@ -6,9 +6,11 @@
 //! "Waiting loops without PAUSE"). It took 24 to 31 ns on the machines
 //! here. An emulator may make it dear: QEMU's TCG leaves the translated
 //! code for its CPU loop at each one, 122 ns and more in the rc testbed
-//! (320 and more on an earlier machine), which lengthened a wait loop's
-//! turn from 0.86 to 1.23 us
-//! (docs/perf-rc-notes.md, "PAUSE under the emulator").
+//! (320 and more on an earlier machine, where it lengthened a wait
+//! loop's turn from 0.86 to 1.23 us; docs/perf-rc-notes.md, "PAUSE
+//! under the emulator" and "This machine"). Hosts whose PAUSE takes
+//! longer than the bound (Intel's of about 140 cycles at a low clock)
+//! were not measured: they lose the hint.
 //!
 //! So its cost is measured once per process, and the hint is left out
 //! where one costs over [`CHEAP_PAUSE_NS`]. `UCT_SPIN_PAUSE` (auto, yes
@@ -41,8 +43,8 @@ const BATCH: u32 = 32;
 /// Samples of each kind, after one untimed of each (an emulator
 /// translates code on its first run). A form without that warm-up, the
 /// hints unrolled, read 72 to 91 ns a hint under TCG, where PAUSEs in a
-/// loop take 320 ns and more (scripts/exp-pause.c); which of the two
-/// misled it was not measured.
+/// loop took 320 ns and more on that machine (scripts/exp-pause.c);
+/// which of the two misled it was not measured.
 /// The least counts (a preemption only lengthens the one it hits).
 const SAMPLES: usize = 5;
 
