@@ -178,7 +178,11 @@ pub(crate) struct Connection {
     wcs: [ibv_wc; POLL_BATCH],
     /// Entries of `wcs` the last poll wrote and not all taken yet: only
     /// other than 0 after a completion's handler (a user's callback)
-    /// panicked; the next progress call zeroes them first.
+    /// panicked; the next progress call zeroes them first. The
+    /// completions not yet taken are lost with them (their operations or
+    /// receive segments are not handled), as a panic leaves them in any
+    /// case; what they point at stays allocated until the connection
+    /// goes.
     wcs_written: usize,
 }
 

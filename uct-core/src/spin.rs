@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{parse_auto_bool, AutoBool};
 
-/// A hint at most this long is kept: under three times what it costs on
+/// A hint at most this long is kept: 2.6 to 3.3 times what it costs on
 /// the hosts here (24 to 31 ns), two thirds of the least TCG took (122
 /// ns, this check in perftest in the rc testbed on the AMD EPYC host of
 /// 2026-11-29; 320 on an earlier machine). 200, the bound before, let
