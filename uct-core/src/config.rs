@@ -129,7 +129,7 @@ pub const CORE_CONFIG: &[ConfigVar] = &[
         name: "UCT_SPIN_PAUSE",
         default: "auto",
         kind: ConfigKind::AutoBool,
-        doc: "Whether busy waits give the CPU's spin hint (PAUSE on x86) on a turn that found nothing: auto keeps it where one costs at most 200 ns (measured once per process; an emulator such as QEMU's TCG makes it dear), yes or no forces it.",
+        doc: "Whether busy waits give the CPU's spin hint (PAUSE on x86) on a turn that found nothing: auto keeps it where one costs at most 80 ns (measured once per process; an emulator such as QEMU's TCG makes it dear), yes or no forces it.",
     },
     ConfigVar {
         name: "UCT_TRANSFER_RAILS",
