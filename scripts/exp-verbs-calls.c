@@ -25,6 +25,12 @@
  * calls are neither stamped nor logged; the records are written at exit
  * without a lock (the programs post from one thread); one provider only.
  *
+ * VERBS_CALLS_NAP_US=N with VERBS_CALLS_NAP_ARG=S: a process with S among
+ * its arguments (such as --listen, ours' server) sleeps N us after each
+ * poll that found nothing, so that a server which spins in progress
+ * through a one-sided test mostly sleeps instead (what its spinning costs
+ * the other vCPU under the emulator).
+ *
  * Build: cc -O2 -shared -fPIC -o exp-verbs-calls.so exp-verbs-calls.c -ldl
  */
 #define _GNU_SOURCE
@@ -221,6 +227,28 @@ static int timed_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv
     return r;
 }
 
+/* VERBS_CALLS_NAP_US, where this process's arguments hold
+ * VERBS_CALLS_NAP_ARG; 0 otherwise. */
+static long nap_us;
+
+static long nap_setting(void)
+{
+    const char *us = getenv("VERBS_CALLS_NAP_US"), *arg = getenv("VERBS_CALLS_NAP_ARG");
+    if (!us || !arg || atol(us) <= 0)
+        return 0;
+    char buf[8192];
+    FILE *f = fopen("/proc/self/cmdline", "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
+        if (strcmp(buf + i, arg) == 0)
+            return atol(us);
+    return 0;
+}
+
 static int timed_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 {
     uint64_t t0 = __rdtsc();
@@ -231,6 +259,8 @@ static int timed_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
     last_poll_out = t1;
     if (r <= 0) {
         __atomic_fetch_add(&misses, 1, __ATOMIC_RELAXED);
+        if (nap_us > 0 && r == 0)
+            usleep((useconds_t)nap_us);
         return r;
     }
     /* A receive when any completion of the batch is one (a CQ shared
@@ -275,6 +305,7 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
         real_post_send = ctx->ops.post_send;
         real_post_recv = ctx->ops.post_recv;
         real_poll_cq = ctx->ops.poll_cq;
+        nap_us = nap_setting();
     }
     if (ctx->ops.post_send == real_post_send)
         ctx->ops.post_send = timed_post_send;
