@@ -11,8 +11,20 @@ use std::time::Duration;
 use posix_support::{connect_to_self, exported, object_at, open_posix, role, run_child};
 use uct_core::{Access, MemoryType, Registry};
 
+/// The tests of this file run one at a time: a freed region's descriptor
+/// number is free for any thread of the process to take, and the freed-rkey
+/// test expects only its own segments there.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[test]
 fn a_segment_shrunk_under_a_peer_does_not_kill_it() {
+    let _serial = serial();
     let run = run_child("shrink_child", "shrink", &[], Duration::from_secs(60));
     assert!(
         run.succeeded(),
@@ -51,6 +63,7 @@ fn shrink_child() {
 
 #[test]
 fn a_peer_cannot_write_a_read_only_region_through_a_mapping_of_its_own() {
+    let _serial = serial();
     let (md, _iface) = open_posix();
     let mem = md
         .alloc(8192, MemoryType::Host, Access::remote_read_only())
@@ -111,6 +124,7 @@ fn a_peer_cannot_write_a_read_only_region_through_a_mapping_of_its_own() {
 
 #[test]
 fn memory_without_remote_rights_is_no_segment_and_has_no_rkey() {
+    let _serial = serial();
     // Nothing a peer may reach is put where a process of the same user
     // could open it (/proc/<pid>/fd/<n>).
     let (md, _iface) = open_posix();
@@ -137,6 +151,7 @@ fn memory_without_remote_rights_is_no_segment_and_has_no_rkey() {
 
 #[test]
 fn a_freed_regions_rkey_is_no_such_region_every_time() {
+    let _serial = serial();
     // The first use finds the region gone, and a later use, after another
     // segment was made and freed, fails the same way. (It does not tell the
     // key's memo from a reopen: both refuse.)
