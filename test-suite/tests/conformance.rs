@@ -52,7 +52,13 @@ fn required_caps(transport: &str) -> Option<Caps> {
     let cpu_atomics = Caps::ATOMIC32 | Caps::ATOMIC64 | Caps::ATOMIC_SWAP;
     Some(match transport {
         "self" => {
-            common | Caps::PUT_SHORT | Caps::GET_SHORT | Caps::AM | cpu_atomics | Caps::PUT_IMM
+            common
+                | Caps::PUT_SHORT
+                | Caps::GET_SHORT
+                | Caps::AM
+                | cpu_atomics
+                | Caps::PUT_IMM
+                | Caps::PASSIVE_TARGET
         }
         "loop" => common | Caps::PUT_SHORT | Caps::GET_SHORT | Caps::AM | cpu_atomics,
         "posix" => {
@@ -62,8 +68,15 @@ fn required_caps(transport: &str) -> Option<Caps> {
                 | Caps::AM
                 | cpu_atomics
                 | Caps::ERRHANDLE_PEER_FAILURE
+                | Caps::PASSIVE_TARGET
         }
-        "cma" => common | Caps::PUT_SHORT | Caps::GET_SHORT | Caps::ERRHANDLE_PEER_FAILURE,
+        "cma" => {
+            common
+                | Caps::PUT_SHORT
+                | Caps::GET_SHORT
+                | Caps::ERRHANDLE_PEER_FAILURE
+                | Caps::PASSIVE_TARGET
+        }
         "tcp" => {
             common
                 | Caps::PUT_SHORT
@@ -73,7 +86,13 @@ fn required_caps(transport: &str) -> Option<Caps> {
                 | Caps::ERRHANDLE_PEER_FAILURE
                 | Caps::PUT_IMM
         }
-        "rc" => common | Caps::AM | Caps::CONNECT_TO_EP | Caps::ERRHANDLE_PEER_FAILURE,
+        "rc" => {
+            common
+                | Caps::AM
+                | Caps::CONNECT_TO_EP
+                | Caps::ERRHANDLE_PEER_FAILURE
+                | Caps::PASSIVE_TARGET
+        }
         _ => return None,
     })
 }

@@ -82,7 +82,11 @@ impl RcIface {
             | Caps::FENCE
             | Caps::CONNECT_TO_EP
             | Caps::ERRHANDLE_PEER_FAILURE
-            | Caps::PUT_IMM;
+            | Caps::PUT_IMM
+            // RDMA writes, reads and atomics: the target's NIC answers
+            // them. (A flush's empty send takes one of the target's
+            // posted receives (UCT_RC_RX_QUEUE_LEN), which its progress reposts.)
+            | Caps::PASSIVE_TARGET;
         if info.atomics {
             caps |= Caps::ATOMIC64;
         }

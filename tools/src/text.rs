@@ -196,7 +196,7 @@ fn transport(out: &mut String, tl: &TransportReport) {
         }
     );
     let mut other: Vec<&str> = Vec::new();
-    for f in ["flush", "fence", "errhandle_peer_failure"] {
+    for f in ["flush", "fence", "errhandle_peer_failure", "passive_target"] {
         if attrs.capabilities.iter().any(|c| c == f) {
             other.push(f);
         }

@@ -32,6 +32,14 @@ fn zero_iterations_are_refused() {
 }
 
 #[test]
+fn server_spin_given_to_a_client_is_refused() {
+    refused(
+        &["127.0.0.1", "-t", "posix", "--server-spin"],
+        "give it to the server (--listen)",
+    );
+}
+
+#[test]
 fn a_zero_window_is_refused() {
     refused(
         &["-t", "self", "-s", "8", "-O", "0"],

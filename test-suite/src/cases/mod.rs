@@ -7,6 +7,7 @@ mod atomic;
 mod errors;
 mod imm;
 mod ordering;
+mod passive;
 mod rma;
 
 use uct_core::{Caps, IfaceAttrs};
@@ -106,6 +107,7 @@ pub fn all() -> Vec<Case> {
     cases.extend(atomic::cases());
     cases.extend(imm::cases());
     cases.extend(ordering::cases());
+    cases.extend(passive::cases());
     cases.extend(errors::cases());
     cases
 }

@@ -31,7 +31,9 @@ fn attrs() -> IfaceAttrs {
             | Caps::FLUSH
             | Caps::FENCE
             | Caps::CONNECT_TO_IFACE
-            | Caps::ERRHANDLE_PEER_FAILURE,
+            | Caps::ERRHANDLE_PEER_FAILURE
+            // process_vm_* runs in the initiator's system call.
+            | Caps::PASSIVE_TARGET,
         put: lim,
         get: lim,
         am: SizeLimits::default(),

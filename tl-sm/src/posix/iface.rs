@@ -78,7 +78,10 @@ fn attrs() -> IfaceAttrs {
             | Caps::FLUSH
             | Caps::FENCE
             | Caps::CONNECT_TO_IFACE
-            | Caps::ERRHANDLE_PEER_FAILURE,
+            | Caps::ERRHANDLE_PEER_FAILURE
+            // Puts, gets and atomics are the initiator's own accesses to
+            // the mapped segment.
+            | Caps::PASSIVE_TARGET,
         put: SizeLimits {
             max_short: MAX_SHORT,
             max_bcopy: MAX_BCOPY,

@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tools::perf::error::{PerfError, Result};
 use tools::perf::params::{parse_sizes, Format, Layout, Params, TestKind};
 use tools::perf::report::{self, Row};
-use tools::perf::session::{open_iface, Role, ServerLimits, Session};
+use tools::perf::session::{open_iface, Role, ServerOptions, Session};
 use tools::perf::{layout, run};
 use tools::plot::{Panel, Series};
 use uct_core::bootstrap::{BootstrapChannel, BootstrapError, BootstrapListener};
@@ -123,6 +123,15 @@ struct Args {
     /// operation are refused too.
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_max_size)]
     max_size: usize,
+
+    /// Server: keep progressing in a busy loop through one-sided tests
+    /// (put_bw, get_lat, get_bw, fadd_lat, cswap_lat, add_mr) too. By
+    /// default the server sleeps in poll(2) during those where the
+    /// transport needs no progress of the target (rc, posix, cma), waking
+    /// every 10 ms, and leaves its CPU to the client, as ib_write_bw's
+    /// server does; ucx_perftest's spins.
+    #[arg(long)]
+    server_spin: bool,
 
     /// TCP port of the bootstrap channel between client and server.
     #[arg(short = 'p', long = "port", default_value_t = 13338)]
@@ -398,6 +407,11 @@ fn main_result(args: Args) -> Result<()> {
             "--plot draws the client's results; give it to the client, not to --listen".into(),
         ));
     }
+    if args.server_spin && args.host.is_some() {
+        return Err(PerfError::Usage(
+            "--server-spin sets how the server waits; give it to the server (--listen), not to a client".into(),
+        ));
+    }
     let out = Output::new(format_of(&args)?, args.final_only, params.sizes.len());
     let reg = Registry::global();
     if args.listen {
@@ -416,10 +430,11 @@ fn main_result(args: Args) -> Result<()> {
             params.transport
         );
         let ch = accept_client(&listener)?;
-        let limits = ServerLimits {
+        let options = ServerOptions {
             max_size: args.max_size,
+            spin: args.server_spin,
         };
-        let session = Session::serve(reg, &params, ch, &limits)?;
+        let session = Session::serve(reg, &params, ch, &options)?;
         run_sizes(session, None)?;
         return Ok(());
     }
@@ -431,6 +446,10 @@ fn main_result(args: Args) -> Result<()> {
             let listener = BootstrapListener::bind("127.0.0.1:0", BOOTSTRAP_TIMEOUT)?;
             let addr = listener.local_addr()?;
             let server_params = params.clone();
+            let server_options = ServerOptions {
+                spin: args.server_spin,
+                ..ServerOptions::default()
+            };
             std::thread::Builder::new()
                 .name("perftest-server".into())
                 .spawn(move || {
@@ -438,12 +457,7 @@ fn main_result(args: Args) -> Result<()> {
                         .accept()
                         .map_err(PerfError::from)
                         .and_then(|ch| {
-                            Session::serve(
-                                Registry::global(),
-                                &server_params,
-                                ch,
-                                &ServerLimits::default(),
-                            )
+                            Session::serve(Registry::global(), &server_params, ch, &server_options)
                         })
                         .and_then(|session| run_sizes(session, None));
                     if let Err(e) = served {

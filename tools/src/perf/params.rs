@@ -61,6 +61,20 @@ impl TestKind {
         matches!(self, TestKind::PutLat | TestKind::AmLat | TestKind::AddLat)
     }
 
+    /// One-sided tests: the server has no part in the operations (no
+    /// reply, no active-message handler) until the client says it is done.
+    pub fn target_is_passive(self) -> bool {
+        matches!(
+            self,
+            TestKind::PutBw
+                | TestKind::GetLat
+                | TestKind::GetBw
+                | TestKind::FaddLat
+                | TestKind::CswapLat
+                | TestKind::AddMr
+        )
+    }
+
     /// Latency tests report latency first; the others bandwidth and rate.
     pub fn is_latency(self) -> bool {
         matches!(
@@ -317,6 +331,15 @@ pub fn parse_sizes(s: &str) -> Result<Vec<usize>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_passive_server_is_one_with_no_part_in_the_operations() {
+        for t in TestKind::ALL {
+            // A ping-pong's server answers, am_bw's handler counts.
+            let server_acts = t.is_pingpong() || t == TestKind::AmBw;
+            assert_eq!(t.target_is_passive(), !server_acts, "{}", t.name());
+        }
+    }
 
     fn params(sizes: Vec<usize>) -> Params {
         Params {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use uct_core::bootstrap::BootstrapError;
-use uct_core::{AtomicValue, Completion, CompletionData, FetchOp, Status};
+use uct_core::{AtomicValue, Caps, Completion, CompletionData, FetchOp, Status};
 
 mod pingpong;
 
@@ -526,17 +526,25 @@ fn server(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Res
     // the phase's budget.
     let budget = phase_budget(iters, size);
     let started = Instant::now();
+    let passive = waits_passively(session);
     let mut looks = super::clock::Looks::new(session.params.validate, clock());
     let mut looked = 0u32;
     loop {
         session.iface.progress();
-        alive(session)?;
-        if !looks.due() {
-            continue;
-        }
-        if !session.ch.poll_readable(Duration::ZERO)? {
+        let readable = if passive {
+            // A turn is PASSIVE_POLL long: probe on every one.
+            session.ep.check()?;
+            session.ch.poll_readable(PASSIVE_POLL)?
+        } else {
+            alive(session)?;
+            if !looks.due() {
+                continue;
+            }
+            session.ch.poll_readable(Duration::ZERO)?
+        };
+        if !readable {
             looked = looked.wrapping_add(1);
-            if looked.is_multiple_of(4096) && started.elapsed() > budget {
+            if (passive || looked.is_multiple_of(4096)) && started.elapsed() > budget {
                 return Err(PerfError::Protocol(format!(
                     "the client has not finished {iters} iterations of {size} bytes in {} s, though it looks alive; it is stuck (or slower than 1 MB/s and 1000 iterations/s)",
                     budget.as_secs()
@@ -564,6 +572,25 @@ fn server(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Res
             other => return Err(PerfError::Protocol(format!("unexpected {other:?}"))),
         }
     }
+}
+
+/// How long a server that waits passively sleeps in poll(2) on the
+/// bootstrap socket between progress calls: a message from the client
+/// wakes it at once; the timeout only paces its progress and liveness
+/// probes (rc's smallest peer timeout, 100 ms, gives a keepalive 50 ms).
+const PASSIVE_POLL: Duration = Duration::from_millis(10);
+
+/// Whether the server may sleep through this phase instead of spinning in
+/// progress: the test is one-sided (the client's puts, gets and atomics
+/// ask nothing of the server until `Ctl::Done`), the transport moves them
+/// without the target's progress (`Caps::PASSIVE_TARGET`), and the server
+/// was not started with `--server-spin`. A spinning server takes a CPU
+/// that the client, or on an emulated testbed the client's vCPU, could
+/// use; the plain verbs programs' servers sleep.
+fn waits_passively(session: &Session) -> bool {
+    session.params.test.target_is_passive()
+        && !session.server_spin
+        && session.iface.attrs().caps.contains(Caps::PASSIVE_TARGET)
 }
 
 /// How long the server waits for a live client to finish a phase:

@@ -74,6 +74,8 @@ pub struct Session {
     pub stage: Option<super::stage::Stage>,
     /// Turns of waiting loops, which pace the liveness probes.
     pub(crate) turns: u32,
+    /// The server was told to spin through one-sided tests too.
+    pub(crate) server_spin: bool,
     /// Host buffers registered with MDs that do not allocate.
     _buffers: Vec<Box<[u8]>>,
 }
@@ -162,18 +164,23 @@ pub fn alloc(
     Ok(mem)
 }
 
-/// What a server lets a client ask of it.
+/// How a server runs: what it lets a client ask of it, and how it waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ServerLimits {
+pub struct ServerOptions {
     /// The largest message size; each of the server's two buffers is at
     /// most this, rounded up to a page.
     pub max_size: usize,
+    /// Progress in a busy loop through one-sided tests too, instead of
+    /// sleeping where the transport needs no target progress
+    /// (`--server-spin`; see `run::waits_passively`).
+    pub spin: bool,
 }
 
-impl Default for ServerLimits {
+impl Default for ServerOptions {
     fn default() -> Self {
-        ServerLimits {
+        ServerOptions {
             max_size: super::params::DEFAULT_MAX_SIZE,
+            spin: false,
         }
     }
 }
@@ -189,7 +196,7 @@ const SERVER_MAX_FRAME: usize = 1 << 20;
 fn agree_as_server(
     reg: &Registry,
     ours: &Params,
-    limits: &ServerLimits,
+    options: &ServerOptions,
     ch: &mut BootstrapChannel,
 ) -> Result<(Params, Box<dyn Iface>)> {
     ch.set_max_frame(SERVER_MAX_FRAME);
@@ -210,7 +217,9 @@ fn agree_as_server(
             "{m}; start both sides with the same -t, -d and -m"
         )));
     }
-    theirs.within_limits(limits.max_size).map_err(&mut refuse)?;
+    theirs
+        .within_limits(options.max_size)
+        .map_err(&mut refuse)?;
     // The server opens its side before accepting, so that a transport it
     // lacks, or a size it cannot carry, is reported to the client.
     let iface = open_iface(reg, &theirs).map_err(|e| refuse(format!("on the server: {e}")))?;
@@ -229,17 +238,17 @@ impl Session {
         ch: BootstrapChannel,
         role: Role,
     ) -> Result<Session> {
-        Session::open_with(reg, params, ch, role, &ServerLimits::default())
+        Session::open_with(reg, params, ch, role, &ServerOptions::default())
     }
 
-    /// [`Session::open`] as the server, with the limits it puts on clients.
+    /// [`Session::open`] as the server, with what it lets clients ask and how it waits.
     pub fn serve(
         reg: &Registry,
         params: &Params,
         ch: BootstrapChannel,
-        limits: &ServerLimits,
+        options: &ServerOptions,
     ) -> Result<Session> {
-        Session::open_with(reg, params, ch, Role::Server, limits)
+        Session::open_with(reg, params, ch, Role::Server, options)
     }
 
     fn open_with(
@@ -247,7 +256,7 @@ impl Session {
         params: &Params,
         mut ch: BootstrapChannel,
         role: Role,
-        limits: &ServerLimits,
+        options: &ServerOptions,
     ) -> Result<Session> {
         // The wait loops' spin hint is timed now, outside what they time.
         uct_core::spin::use_pause();
@@ -264,7 +273,7 @@ impl Session {
                     }
                 }
             }
-            Role::Server => agree_as_server(reg, params, limits, &mut ch)?,
+            Role::Server => agree_as_server(reg, params, options, &mut ch)?,
         };
         let caps = iface.attrs().caps;
         let len = params.buffer_len().ok_or_else(|| {
@@ -389,6 +398,7 @@ impl Session {
             am,
             stage,
             turns: 0,
+            server_spin: role == Role::Server && options.spin,
             _buffers: buffers,
         })
     }

@@ -135,7 +135,9 @@ fn self_attrs() -> IfaceAttrs {
             | Caps::FLUSH
             | Caps::FENCE
             | Caps::CONNECT_TO_IFACE
-            | Caps::PUT_IMM,
+            | Caps::PUT_IMM
+            // The initiator copies within its own process.
+            | Caps::PASSIVE_TARGET,
         put: limits(MAX_ZCOPY),
         get: limits(MAX_ZCOPY),
         am: limits(MAX_BCOPY),
