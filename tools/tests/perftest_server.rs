@@ -3,6 +3,12 @@
 //! sizes, iteration counts and layouts beyond the server's limits. The
 //! server must refuse, saying why, before it allocates anything, and exit
 //! with status 1: no panic, no abort, no memory to speak of.
+//!
+//! And how a server waits: through a one-sided test (put_bw here) on a
+//! transport whose puts need no progress of the target (posix), it sleeps
+//! in poll(2) and leaves its CPU to the client; started with
+//! `--server-spin` it progresses in a busy loop, as ucx_perftest's does.
+//! Each server's CPU time comes from its own rusage.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -47,11 +53,13 @@ fn server_params() -> Params {
     }
 }
 
-/// How the server process ended, and its peak resident memory.
+/// How the server process ended, its peak resident memory and the CPU
+/// time it used (user and system).
 struct Ended {
     code: Option<i32>,
     signal: Option<i32>,
     max_rss_kib: i64,
+    cpu: Duration,
 }
 
 /// Reaps `child` within `limit` (killing it after), with its own rusage.
@@ -66,10 +74,14 @@ fn reap(child: &mut Child, limit: Duration) -> Ended {
         // pid is our own child, not yet reaped.
         let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
         if r == pid {
+            let tv = |t: libc::timeval| {
+                Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+            };
             return Ended {
                 code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
                 signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
                 max_rss_kib: usage.ru_maxrss,
+                cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
             };
         }
         assert!(r == 0, "wait4 failed: {}", std::io::Error::last_os_error());
@@ -236,4 +248,54 @@ fn a_connection_that_fails_its_handshake_does_not_end_the_server() {
         "the server did not answer the real client after a junk connection: {answer:?}"
     );
     assert_eq!((ended.code, ended.signal), (Some(1), None));
+}
+
+/// A server with `server_flags` and a posix put_bw client of 8 B against
+/// it: the server's CPU time and the client's wall time.
+fn server_cpu_over_a_run(server_flags: &[&str]) -> (Duration, Duration) {
+    let port = free_port().to_string();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_perftest"))
+        .args(["--listen", "-t", "posix", "-p", &port])
+        .args(server_flags)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the server");
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    let client = Command::new(env!("CARGO_BIN_EXE_perftest"))
+        .args(["127.0.0.1", "-p", &port, "-t", "posix", "--test", "put_bw"])
+        .args(["-s", "8", "-n", "30000000", "-f"])
+        .output()
+        .expect("run the client");
+    let wall = started.elapsed();
+    let ended = reap(&mut server, Duration::from_secs(60));
+    assert!(
+        client.status.success(),
+        "client: {}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+    assert_eq!(ended.code, Some(0), "the server {server_flags:?} failed");
+    (ended.cpu, wall)
+}
+
+#[test]
+fn a_server_sleeps_through_a_one_sided_test_unless_told_to_spin() {
+    let (asleep, wall) = server_cpu_over_a_run(&[]);
+    let (spinning, spin_wall) = server_cpu_over_a_run(&["--server-spin"]);
+    eprintln!(
+        "server CPU: {asleep:?} over a client run of {wall:?} by default, \
+         {spinning:?} over {spin_wall:?} with --server-spin"
+    );
+    // Setting up (the iface, the buffers, the connection) takes a few ms.
+    assert!(
+        asleep < wall / 10,
+        "the server used {asleep:?} of CPU over a one-sided run of {wall:?}: it did not sleep"
+    );
+    // The control: the measure sees a server that does not sleep.
+    assert!(
+        spinning > Duration::from_millis(50) && spinning > asleep * 3,
+        "with --server-spin the server used only {spinning:?} of CPU over {spin_wall:?} \
+         (asleep: {asleep:?}): the measure cannot tell them apart"
+    );
 }
