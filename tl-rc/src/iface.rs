@@ -83,9 +83,8 @@ impl RcIface {
             | Caps::CONNECT_TO_EP
             | Caps::ERRHANDLE_PEER_FAILURE
             | Caps::PUT_IMM
-            // RDMA writes, reads and atomics: the target's NIC answers
-            // them. (A flush's empty send takes one of the target's
-            // posted receives (UCT_RC_RX_QUEUE_LEN), which its progress reposts.)
+            // RDMA writes, reads and atomics, and a flush's zero-length
+            // write: the target's NIC answers them.
             | Caps::PASSIVE_TARGET;
         if info.atomics {
             caps |= Caps::ATOMIC64;

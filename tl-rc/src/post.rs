@@ -353,17 +353,20 @@ impl Connection {
         Ok(Status::InProgress)
     }
 
-    /// An empty signalled send that the peer drops: makes the completion of
-    /// everything posted before it visible, for a flush.
+    /// A signalled zero-length RDMA write, as a keepalive is: makes the
+    /// completion of everything posted before it visible, for a flush. It
+    /// takes none of the peer's receive buffers, so flushes complete while
+    /// the peer does not progress (`Caps::PASSIVE_TARGET`); an empty send
+    /// took one each, which only the peer's progress put back.
     pub(crate) fn post_nop(&mut self) -> Result<()> {
-        let mut wr = empty_wr(ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, &mut []);
-        set_imm(&mut wr, Immediate::Nop);
+        let mut wr = empty_wr(ibv_wr_opcode::IBV_WR_RDMA_WRITE, &mut []);
+        set_rdma(&mut wr, 0, 0);
         let data = OpData {
             delivery: Delivery::Nothing,
             seg: None,
             keep: Vec::new(),
         };
-        self.post(&mut wr, data, WcOpcode::Send, "flush", true)
+        self.post(&mut wr, data, WcOpcode::RdmaWrite, "flush", true)
     }
 
     /// A keepalive: a signalled zero-length RDMA write. It needs no remote

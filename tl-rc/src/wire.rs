@@ -19,7 +19,8 @@ pub const MTU_MAX: u8 = 5;
 /// QP numbers and PSNs are 24 bits.
 const MAX_24: u32 = 0xff_ffff;
 
-/// Immediate of the empty sends a flush uses; the receiver drops them.
+/// Immediate of the empty sends a flush used before it signalled the tail
+/// with a zero-length RDMA write; the receiver still drops them.
 pub const NOP_IMM: u32 = 0xff;
 
 /// A malformed address or immediate from a peer.
@@ -136,7 +137,8 @@ impl EpAddress {
 pub enum Immediate {
     /// An active message with this id; the payload is the message.
     ActiveMessage(u8),
-    /// An empty send that makes a flush's completion visible; dropped.
+    /// An empty send that made a flush's completion visible (a peer of an
+    /// earlier build sends one); dropped.
     Nop,
 }
 

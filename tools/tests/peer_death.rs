@@ -2,6 +2,8 @@
 //! within the transport's peer timeout plus 1 s, naming the dead peer and
 //! the test that was running (issue 12, finding 9). Over posix, tcp and cma;
 //! cma has no active messages, so am_lat runs over posix and tcp only.
+//! And the other way round: a client killed mid-run of a one-sided test,
+//! where the server sleeps in poll(2), must end the server the same way.
 //!
 //! The cases run one at a time: each spins two processes on a small
 //! machine, and a deadline measured under contention would say nothing.
@@ -174,4 +176,82 @@ fn cma_put_lat() {
 #[test]
 fn cma_put_bw() {
     server_killed_mid_run("cma", "put_bw");
+}
+
+/// The other way round, through a one-sided test, where the server sleeps
+/// in poll(2) (over posix and cma, which need no target progress): a
+/// client killed mid-run must end the server with exit status 1 within
+/// the peer timeout plus 1 s, its error naming the dead client.
+fn client_killed_mid_run(transport: &str, test: &str) {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port().to_string();
+    let mut server = perftest(transport, &["--listen", "-p", &port])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let server_err = lines_of(server.stderr.take().expect("server stderr"));
+    let mut server = Reaped(server);
+    if let Err(seen) = wait_for_line(&server_err, "waiting for a client", Duration::from_secs(10)) {
+        panic!("{transport} {test}: the server did not start:\n{seen}");
+    }
+    let mut client = perftest(
+        transport,
+        &[
+            "127.0.0.1",
+            "-p",
+            &port,
+            "--test",
+            test,
+            "-s",
+            "4k",
+            "-n",
+            "100000000",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("start the client");
+    let client_out = lines_of(client.stdout.take().expect("client stdout"));
+    let client = Reaped(client);
+    if let Err(seen) = wait_for_line(&client_out, "# perftest:", Duration::from_secs(10)) {
+        panic!("{transport} {test}: the client did not start the run:\n{seen}");
+    }
+    std::thread::sleep(RUNNING_FOR);
+    let client_pid = client.0.id();
+    let mut client = client;
+    client.0.kill().expect("SIGKILL the client");
+    let killed = Instant::now();
+    let _ = client.0.wait();
+    let limit = PEER_TIMEOUT + GRACE;
+    let status = exit_within(&mut server.0, killed, limit).expect("poll the server");
+    let took = killed.elapsed();
+    drop(server);
+    let err = drain(&server_err, Duration::from_secs(2));
+    let Some(status) = status else {
+        panic!(
+            "{transport} {test}: the server was still running {took:?} after the client was killed (limit {limit:?}); stderr so far:\n{err}"
+        );
+    };
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "{transport} {test}: the server's exit status {status} after {took:?}; stderr:\n{err}"
+    );
+    assert!(
+        err.contains(&format!("process {client_pid}"))
+            || err.contains("closed the bootstrap connection"),
+        "{transport} {test}: the server's error does not name the dead client (pid {client_pid}) after {took:?}:\n{err}"
+    );
+}
+
+#[test]
+fn posix_put_bw_client_killed() {
+    client_killed_mid_run("posix", "put_bw");
+}
+
+#[test]
+fn cma_get_bw_client_killed() {
+    client_killed_mid_run("cma", "get_bw");
 }

@@ -134,6 +134,12 @@ fn validation_passes_on_good_transfers() {
         ("self", "am_lat", "8,4k"),
         ("posix", "add_lat", "8"),
         ("posix", "fadd_lat", "8"),
+        // One-sided tests whose server sleeps (posix and cma need no
+        // progress of the target): it must still fill, check and count.
+        ("posix", "get_bw", "8,4k"),
+        ("cma", "get_bw", "8,4k"),
+        ("posix", "add_mr", "8"),
+        ("posix", "cswap_lat", "8"),
     ] {
         let output = perftest(&[
             "-t",

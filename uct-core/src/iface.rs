@@ -50,12 +50,13 @@ bitflags::bitflags! {
         /// iface's immediate handler after the data (RDMA WRITE WITH
         /// IMMEDIATE).
         const PUT_IMM = 1 << 17;
-        /// Puts, gets and atomics reach target memory and complete
-        /// without the target iface's progress: a NIC (rc) or the
-        /// initiator itself (posix, cma, self) does the work. A target
-        /// with nothing else to do may then sleep instead of progressing
-        /// (perftest's server does, in one-sided tests), and a flush
-        /// completes while the target is stopped.
+        /// Puts, gets and atomics reach target memory and complete, and
+        /// so do flushes, however many, without the target iface's
+        /// progress: a NIC (rc) or the initiator itself (posix, cma, self)
+        /// does the work. A target with nothing else to do may then sleep
+        /// instead of progressing (perftest's server does, in one-sided
+        /// tests). Not puts with immediate data, whose immediate the
+        /// target's handler takes in its progress.
         const PASSIVE_TARGET = 1 << 18;
     }
 }

@@ -5,7 +5,9 @@
 //! driven, here or in the child), one operation of every advertised put,
 //! get and atomic class, and a flush, must complete with only the
 //! initiator progressing, and their bytes must be where they belong before
-//! the target goes on.
+//! the target goes on; then [`FLUSHES`] small puts, each flushed: more
+//! flushes than a transport has receive buffers (rc's default is 64), in
+//! case a flush takes one.
 
 use uct_core::{Access, AtomicValue, Caps, Completion, CompletionData, FetchOp, Iov};
 
@@ -23,6 +25,8 @@ pub fn cases() -> Vec<Case> {
 const LEN: usize = 512;
 /// Where the atomic word lies in the target region (after the put slots).
 const WORD_AT: usize = 8 * LEN;
+/// Flushes posted while the target is stopped, each after a small put.
+const FLUSHES: usize = 100;
 
 fn passive_target(pair: &mut Pair) -> TestResult {
     let remote = pair.remote(WORD_AT + 64, Access::all_rights())?;
@@ -89,6 +93,33 @@ fn while_held(pair: &mut Pair, remote: &RemoteMem) -> TestResult {
             "{what} completed and was flushed, but the target does not hold its bytes"
         );
     }
+
+    // Many flushes, each after a put of 8 bytes (the cheapest put class).
+    let at = 5 * LEN;
+    let addr = remote.addr + at as u64;
+    for i in 0..FLUSHES {
+        let word = (i as u64).to_le_bytes();
+        let comp = Completion::new();
+        let what = format!("put {i} of {FLUSHES}, each flushed, to the stopped target");
+        if caps.contains(Caps::PUT_SHORT) && attrs.put.max_short >= 8 {
+            pair.post_wait(&what, &comp, |ep, _| ep.put_short(&word, addr, &rkey))
+        } else if caps.contains(Caps::PUT_BCOPY) && attrs.put.max_bcopy >= 8 {
+            pair.post_wait(&what, &comp, |ep, _| ep.put_bcopy(&word, addr, &rkey))
+        } else {
+            local.write(0, &word).ctx("fill the local buffer")?;
+            pair.post_wait(&what, &comp, |ep, c| {
+                ep.put_zcopy(&[Iov::new(&local, 0, 8)], addr, &rkey, Some(c))
+            })
+        }
+        .ctx(&what)?;
+        pair.flush()
+            .ctx(&format!("flush {i} of {FLUSHES}, the target stopped"))?;
+    }
+    let last = pair.remote_read(remote, at, 8)?;
+    ensure!(
+        last == ((FLUSHES - 1) as u64).to_le_bytes(),
+        "after {FLUSHES} flushed puts the target holds {last:?}, not the last put's bytes"
+    );
 
     // Gets of what the target holds (written there while it was stopped).
     let want = pattern(LEN, 7100);

@@ -3,7 +3,8 @@
 //! work request of ours:
 //!
 //! - a SEND WITH IMMEDIATE: an active message (the id in the immediate,
-//!   the message in the segment) or a flush's empty send (dropped);
+//!   the message in the segment) or, from a peer of an earlier build, a
+//!   flush's empty send (dropped);
 //! - an RDMA WRITE WITH IMMEDIATE: a put with immediate data. The data
 //!   went to the target memory, the segment holds nothing; the immediate
 //!   is the user's 32 bits and `byte_len` the write's length.

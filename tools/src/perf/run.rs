@@ -532,7 +532,10 @@ fn server(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Res
     loop {
         session.iface.progress();
         let readable = if passive {
-            // A turn is PASSIVE_POLL long: probe on every one.
+            // A turn is PASSIVE_POLL long: probe on every one. (A
+            // transport may look at its clock only every few probes, rc
+            // every 16th, so a peer that dies without closing the socket
+            // is named up to some 0.2 s later than by a spinning server.)
             session.ep.check()?;
             session.ch.poll_readable(PASSIVE_POLL)?
         } else {
@@ -575,9 +578,10 @@ fn server(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Res
 }
 
 /// How long a server that waits passively sleeps in poll(2) on the
-/// bootstrap socket between progress calls: a message from the client
-/// wakes it at once; the timeout only paces its progress and liveness
-/// probes (rc's smallest peer timeout, 100 ms, gives a keepalive 50 ms).
+/// bootstrap socket between progress calls: a message from the client,
+/// or its socket's close, wakes it at once; the timeout only paces its
+/// progress and liveness probes, a few to a hundred a second against
+/// peer timeouts of seconds (rc's: 10 s by default).
 const PASSIVE_POLL: Duration = Duration::from_millis(10);
 
 /// Whether the server may sleep through this phase instead of spinning in
