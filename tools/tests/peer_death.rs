@@ -54,10 +54,17 @@ fn perftest(transport: &str, args: &[&str]) -> Command {
     cmd
 }
 
-/// Starts a server and a long client run of `test`, kills the server with
-/// SIGKILL once the run is going, and checks how the client ends.
-fn server_killed_mid_run(transport: &str, test: &str) {
-    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+/// A server and a long client run of `test` of `size` bytes, both going
+/// (the client printed its header and ran for [`RUNNING_FOR`]), with
+/// their stderr lines and the client's stdout lines.
+struct Running {
+    server: Reaped,
+    server_err: std::sync::mpsc::Receiver<String>,
+    client: Reaped,
+    client_err: std::sync::mpsc::Receiver<String>,
+}
+
+fn running(transport: &str, test: &str, size: &str) -> Running {
     let port = free_port().to_string();
     let mut server = perftest(transport, &["--listen", "-p", &port])
         .stdout(Stdio::null())
@@ -69,7 +76,6 @@ fn server_killed_mid_run(transport: &str, test: &str) {
     if let Err(seen) = wait_for_line(&server_err, "waiting for a client", Duration::from_secs(10)) {
         panic!("{transport} {test}: the server did not start:\n{seen}");
     }
-    let size = if test == "put_bw" { "4k" } else { "8" };
     let mut client = perftest(
         transport,
         &[
@@ -101,10 +107,29 @@ fn server_killed_mid_run(transport: &str, test: &str) {
     std::thread::sleep(RUNNING_FOR);
     assert!(
         client.0.try_wait().expect("poll the client").is_none(),
-        "{transport} {test}: the client ended before the server was killed"
+        "{transport} {test}: the client ended within {RUNNING_FOR:?}"
     );
+    Running {
+        server,
+        server_err,
+        client,
+        client_err,
+    }
+}
+
+/// Starts a server and a long client run of `test`, kills the server with
+/// SIGKILL once the run is going, and checks how the client ends.
+fn server_killed_mid_run(transport: &str, test: &str) {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let size = if test == "put_bw" { "4k" } else { "8" };
+    let Running {
+        mut server,
+        client,
+        client_err,
+        ..
+    } = running(transport, test, size);
+    let mut client = client;
     let server_pid = server.0.id();
-    let mut server = server;
     server.0.kill().expect("SIGKILL the server");
     let killed = Instant::now();
     let _ = server.0.wait();
@@ -184,43 +209,13 @@ fn cma_put_bw() {
 /// the peer timeout plus 1 s, its error naming the dead client.
 fn client_killed_mid_run(transport: &str, test: &str) {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port().to_string();
-    let mut server = perftest(transport, &["--listen", "-p", &port])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the server");
-    let server_err = lines_of(server.stderr.take().expect("server stderr"));
-    let mut server = Reaped(server);
-    if let Err(seen) = wait_for_line(&server_err, "waiting for a client", Duration::from_secs(10)) {
-        panic!("{transport} {test}: the server did not start:\n{seen}");
-    }
-    let mut client = perftest(
-        transport,
-        &[
-            "127.0.0.1",
-            "-p",
-            &port,
-            "--test",
-            test,
-            "-s",
-            "4k",
-            "-n",
-            "100000000",
-        ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("start the client");
-    let client_out = lines_of(client.stdout.take().expect("client stdout"));
-    let client = Reaped(client);
-    if let Err(seen) = wait_for_line(&client_out, "# perftest:", Duration::from_secs(10)) {
-        panic!("{transport} {test}: the client did not start the run:\n{seen}");
-    }
-    std::thread::sleep(RUNNING_FOR);
+    let Running {
+        mut server,
+        server_err,
+        mut client,
+        ..
+    } = running(transport, test, "4k");
     let client_pid = client.0.id();
-    let mut client = client;
     client.0.kill().expect("SIGKILL the client");
     let killed = Instant::now();
     let _ = client.0.wait();
