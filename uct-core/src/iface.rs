@@ -50,13 +50,15 @@ bitflags::bitflags! {
         /// iface's immediate handler after the data (RDMA WRITE WITH
         /// IMMEDIATE).
         const PUT_IMM = 1 << 17;
-        /// Puts, gets and atomics reach target memory and complete, and
-        /// so do flushes, however many, without the target iface's
-        /// progress: a NIC (rc) or the initiator itself (posix, cma, self)
-        /// does the work. A target with nothing else to do may then sleep
-        /// instead of progressing (perftest's server does, in one-sided
-        /// tests). Not puts with immediate data, whose immediate the
-        /// target's handler takes in its progress.
+        /// Puts, gets and atomics reach target memory and complete without
+        /// the target iface's progress, and so does any number of flushes
+        /// of an endpoint that carried only those: a NIC (rc) or the
+        /// initiator itself (posix, cma, self) does the work. A target
+        /// with nothing else to do may then sleep instead of progressing
+        /// (perftest's server does, in one-sided tests). Not active
+        /// messages or puts with immediate data, which the target's
+        /// handlers take in its progress (on rc each takes one of its
+        /// receive buffers until then).
         const PASSIVE_TARGET = 1 << 18;
     }
 }

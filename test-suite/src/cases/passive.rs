@@ -6,8 +6,11 @@
 //! get and atomic class, and a flush, must complete with only the
 //! initiator progressing, and their bytes must be where they belong before
 //! the target goes on; then [`FLUSHES`] small puts, each flushed: more
-//! flushes than a transport has receive buffers (rc's default is 64), in
-//! case a flush takes one.
+//! flushes than a transport has receive buffers at its default (rc: 64),
+//! in case a flush takes one. (On rc that needs unsignalled puts before
+//! each flush, so that the flush posts something: its send queue
+//! signals one post in 16, and every post at a UCT_RC_TX_QUEUE_LEN of
+//! 16 or less, where the loop proves nothing of the flush.)
 
 use uct_core::{Access, AtomicValue, Caps, Completion, CompletionData, FetchOp, Iov};
 
@@ -100,12 +103,18 @@ fn while_held(pair: &mut Pair, remote: &RemoteMem) -> TestResult {
     for i in 0..FLUSHES {
         let word = (i as u64).to_le_bytes();
         let comp = Completion::new();
-        let what = format!("put {i} of {FLUSHES}, each flushed, to the stopped target");
+        let what = format!(
+            "put {} of {FLUSHES}, each flushed, to the stopped target",
+            i + 1
+        );
         if caps.contains(Caps::PUT_SHORT) && attrs.put.max_short >= 8 {
             pair.post_wait(&what, &comp, |ep, _| ep.put_short(&word, addr, &rkey))
         } else if caps.contains(Caps::PUT_BCOPY) && attrs.put.max_bcopy >= 8 {
             pair.post_wait(&what, &comp, |ep, _| ep.put_bcopy(&word, addr, &rkey))
         } else {
+            // A zero-copy put carries its completion: its flush has no
+            // tail to signal. (Conformance asks put_bcopy of every
+            // transport here, so this is a fallback only.)
             local.write(0, &word).ctx("fill the local buffer")?;
             pair.post_wait(&what, &comp, |ep, c| {
                 ep.put_zcopy(&[Iov::new(&local, 0, 8)], addr, &rkey, Some(c))
@@ -113,7 +122,7 @@ fn while_held(pair: &mut Pair, remote: &RemoteMem) -> TestResult {
         }
         .ctx(&what)?;
         pair.flush()
-            .ctx(&format!("flush {i} of {FLUSHES}, the target stopped"))?;
+            .ctx(&format!("flush {} of {FLUSHES}, the target stopped", i + 1))?;
     }
     let last = pair.remote_read(remote, at, 8)?;
     ensure!(

@@ -534,8 +534,9 @@ fn server(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Res
         let readable = if passive {
             // A turn is PASSIVE_POLL long: probe on every one. (A
             // transport may look at its clock only every few probes, rc
-            // every 16th, so a peer that dies without closing the socket
-            // is named up to some 0.2 s later than by a spinning server.)
+            // every 16th, and a verdict takes two looks, so a peer that
+            // dies without closing the socket is named up to some 0.3 s
+            // later than by a spinning server.)
             session.ep.check()?;
             session.ch.poll_readable(PASSIVE_POLL)?
         } else {
@@ -580,8 +581,10 @@ fn server(session: &mut Session, size: usize, iters: u64, layout: Layout) -> Res
 /// How long a server that waits passively sleeps in poll(2) on the
 /// bootstrap socket between progress calls: a message from the client,
 /// or its socket's close, wakes it at once; the timeout only paces its
-/// progress and liveness probes, a few to a hundred a second against
-/// peer timeouts of seconds (rc's: 10 s by default).
+/// progress and liveness probes, a hundred a second against peer
+/// timeouts of seconds (rc's: 10 s by default; at its smallest, 100 ms,
+/// the server's clock looks some 160 ms apart are coarser than the
+/// timeout: start the server with --server-spin for timeouts that short).
 const PASSIVE_POLL: Duration = Duration::from_millis(10);
 
 /// Whether the server may sleep through this phase instead of spinning in
