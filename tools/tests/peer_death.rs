@@ -120,33 +120,46 @@ fn running(transport: &str, test: &str, size: &str) -> Running {
     }
 }
 
+/// Kills `victim` with SIGKILL and waits up to the peer timeout plus
+/// [`GRACE`] for `survivor` to exit: its exit status, how long it took,
+/// and its stderr. Panics, with that stderr, if it is still running.
+fn survivor_of(
+    label: &str,
+    mut victim: Reaped,
+    mut survivor: Reaped,
+    survivor_err: &std::sync::mpsc::Receiver<String>,
+) -> (std::process::ExitStatus, Duration, String) {
+    victim.0.kill().expect("SIGKILL the victim");
+    let killed = Instant::now();
+    let _ = victim.0.wait();
+    let limit = PEER_TIMEOUT + GRACE;
+    let status = exit_within(&mut survivor.0, killed, limit).expect("poll the survivor");
+    let took = killed.elapsed();
+    // The survivor is gone (or killed by Reaped), so its stderr ends.
+    drop(survivor);
+    let err = drain(survivor_err, Duration::from_secs(2));
+    let Some(status) = status else {
+        panic!(
+            "{label}: still running {took:?} after its peer was killed (limit {limit:?}); stderr so far:\n{err}"
+        );
+    };
+    (status, took, err)
+}
+
 /// Starts a server and a long client run of `test`, kills the server with
 /// SIGKILL once the run is going, and checks how the client ends.
 fn server_killed_mid_run(transport: &str, test: &str) {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let size = if test == "put_bw" { "4k" } else { "8" };
     let Running {
-        mut server,
+        server,
         client,
         client_err,
         ..
     } = running(transport, test, size);
-    let mut client = client;
     let server_pid = server.0.id();
-    server.0.kill().expect("SIGKILL the server");
-    let killed = Instant::now();
-    let _ = server.0.wait();
-    let limit = PEER_TIMEOUT + GRACE;
-    let status = exit_within(&mut client.0, killed, limit).expect("poll the client");
-    let took = killed.elapsed();
-    // The client is gone (or killed by Reaped), so its stderr ends.
-    drop(client);
-    let err = drain(&client_err, Duration::from_secs(2));
-    let Some(status) = status else {
-        panic!(
-            "{transport} {test}: the client was still running {took:?} after the server was killed (limit {limit:?}); stderr so far:\n{err}"
-        );
-    };
+    let label = format!("{transport} {test}: the client");
+    let (status, took, err) = survivor_of(&label, server, client, &client_err);
     assert_eq!(
         status.code(),
         Some(1),
@@ -213,25 +226,14 @@ fn cma_put_bw() {
 fn client_killed_mid_run(transport: &str, test: &str) {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let Running {
-        mut server,
+        server,
         server_err,
-        mut client,
+        client,
         ..
     } = running(transport, test, "4k");
     let client_pid = client.0.id();
-    client.0.kill().expect("SIGKILL the client");
-    let killed = Instant::now();
-    let _ = client.0.wait();
-    let limit = PEER_TIMEOUT + GRACE;
-    let status = exit_within(&mut server.0, killed, limit).expect("poll the server");
-    let took = killed.elapsed();
-    drop(server);
-    let err = drain(&server_err, Duration::from_secs(2));
-    let Some(status) = status else {
-        panic!(
-            "{transport} {test}: the server was still running {took:?} after the client was killed (limit {limit:?}); stderr so far:\n{err}"
-        );
-    };
+    let label = format!("{transport} {test}: the server");
+    let (status, took, err) = survivor_of(&label, client, server, &server_err);
     assert_eq!(
         status.code(),
         Some(1),
